@@ -1,0 +1,150 @@
+//! Boot and shutdown of one broker process.
+//!
+//! Boot: resolve the database (starting the embedded cluster when none is
+//! configured), build the pool, apply migrations, bind, serve. Shutdown, on
+//! SIGINT or SIGTERM: stop accepting, let in-flight requests finish (a push
+//! answers only after its commit), wait for every coalescer lane to drain,
+//! then stop the embedded cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Config, Database};
+use crate::db;
+use crate::embedded_pg::EmbeddedCluster;
+use crate::http::{router, AppState};
+use crate::push::Coalescer;
+
+/// A boot failure: printed as one line, exit code 1.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error(transparent)]
+    Embedded(#[from] crate::embedded_pg::EmbeddedError),
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// The database the broker talks to, with the embedded cluster when it owns one.
+struct Store {
+    pool: deadpool_postgres::Pool,
+    embedded: Option<Arc<EmbeddedCluster>>,
+}
+
+async fn open_store(config: &Config) -> Result<Store, BootError> {
+    let (pg, embedded) = match &config.database {
+        Database::Embedded { data_dir } => {
+            let dir = data_dir.clone();
+            let cluster = tokio::task::spawn_blocking(move || EmbeddedCluster::start(&dir))
+                .await
+                .expect("embedded cluster start does not panic")?;
+            (cluster.pg_config(), Some(Arc::new(cluster)))
+        }
+        other => (db::pg_config(other)?, None),
+    };
+    let pool = db::pool(config, pg)?;
+    Ok(Store { pool, embedded })
+}
+
+impl Store {
+    async fn stop(self) {
+        self.pool.close();
+        if let Some(cluster) = self.embedded {
+            let r = tokio::task::spawn_blocking(move || cluster.stop()).await;
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "embedded PostgreSQL did not stop cleanly");
+            }
+        }
+    }
+}
+
+/// Applies migrations, retrying for a while so that a broker started
+/// alongside its database waits for it instead of dying.
+async fn migrate_with_retry(pool: &deadpool_postgres::Pool) -> Result<(), db::DbError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match db::migrations::apply(pool).await {
+            Ok(n) => {
+                tracing::info!(applied = n, "schema up to date");
+                return Ok(());
+            }
+            Err(e) if tokio::time::Instant::now() < deadline && is_connection_error(&e) => {
+                tracing::warn!(error = %e, "database not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_connection_error(e: &db::DbError) -> bool {
+    match e {
+        db::DbError::Pool(_) => true,
+        db::DbError::Pg(pg) => pg.is_closed() || pg.as_db_error().is_none(),
+        db::DbError::Config(_) => false,
+    }
+}
+
+/// `queen migrate`: apply the schema and exit.
+pub async fn migrate(config: Config) -> Result<(), BootError> {
+    let store = open_store(&config).await?;
+    let r = migrate_with_retry(&store.pool).await;
+    store.stop().await;
+    Ok(r?)
+}
+
+/// `queen serve`: run until SIGINT or SIGTERM.
+pub async fn serve(config: Config) -> Result<(), BootError> {
+    let store = open_store(&config).await?;
+    match run(config, &store).await {
+        Ok(()) => {
+            store.stop().await;
+            tracing::info!("shutdown complete");
+            Ok(())
+        }
+        Err(e) => {
+            store.stop().await;
+            Err(e)
+        }
+    }
+}
+
+async fn run(config: Config, store: &Store) -> Result<(), BootError> {
+    if config.apply_schema {
+        migrate_with_retry(&store.pool).await?;
+    }
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener =
+        tokio::net::TcpListener::bind(&addr).await.map_err(|source| BootError::Bind { addr: addr.clone(), source })?;
+    let local = listener.local_addr().map_err(BootError::Serve)?;
+    let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone());
+    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone() };
+    tracing::info!(%local, "listening on http://{local}");
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await.map_err(BootError::Serve)?;
+    tracing::info!("HTTP server stopped; flushing pending writes");
+    coalescer.drain(Duration::from_secs(30)).await;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}

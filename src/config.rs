@@ -1,0 +1,270 @@
+//! Configuration: every environment variable the broker honours, parsed and
+//! validated once at boot into typed values. Nothing else reads the
+//! environment.
+//!
+//! A malformed value stops the boot with one line naming the variable and what
+//! it expected, because a broker that silently falls back to a default is
+//! worse than one that refuses to start.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the broker's PostgreSQL lives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Database {
+    /// `QUEEN_DATABASE_URL`: a libpq connection string or URL.
+    Url(String),
+    /// `PG_HOST` and friends.
+    Params { host: String, port: u16, user: String, password: String, dbname: String },
+    /// Neither was given: a private cluster under this directory.
+    Embedded { data_dir: PathBuf },
+}
+
+/// The coalescer's bounds (API.md §5.3, `QUEEN_V2_FUSION_*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoalesceConfig {
+    /// How long the first write of an idle partition waits for company.
+    pub hold: Duration,
+    /// Most frames one segment carries.
+    pub max_frames: usize,
+    /// Most uncompressed frame bytes one segment carries.
+    pub max_bytes: usize,
+    /// zstd level of segment compression.
+    pub zstd_level: i32,
+}
+
+/// The whole configuration of one broker process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub host: String,
+    pub port: u16,
+    pub database: Database,
+    pub pool_size: usize,
+    /// How long a request waits for a pooled connection before `500 pool`.
+    pub pool_wait: Duration,
+    pub statement_timeout: Duration,
+    pub max_body_bytes: usize,
+    pub apply_schema: bool,
+    pub log_filter: String,
+    pub log_json: bool,
+    pub coalesce: CoalesceConfig,
+}
+
+/// A variable that does not parse.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("invalid {var}={value:?}: expected {expected}")]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+/// Reads variables through a lookup function so that tests can feed a map.
+struct Env<F: Fn(&str) -> Option<String>> {
+    lookup: F,
+}
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    /// The value of the first of `names` that is set and non-empty.
+    fn get(&self, names: &[&'static str]) -> Option<(&'static str, String)> {
+        names.iter().find_map(|n| {
+            (self.lookup)(n).filter(|v| !v.trim().is_empty()).map(|v| (*n, v.trim().to_string()))
+        })
+    }
+
+    fn string(&self, names: &[&'static str], default: &str) -> String {
+        self.get(names).map(|(_, v)| v).unwrap_or_else(|| default.to_string())
+    }
+
+    fn parse<T: std::str::FromStr>(
+        &self,
+        names: &[&'static str],
+        default: T,
+        expected: &'static str,
+        valid: impl Fn(&T) -> bool,
+    ) -> Result<T, ConfigError> {
+        match self.get(names) {
+            None => Ok(default),
+            Some((var, value)) => match value.parse::<T>() {
+                Ok(v) if valid(&v) => Ok(v),
+                _ => Err(ConfigError { var, value, expected }),
+            },
+        }
+    }
+
+    fn boolean(&self, names: &[&'static str], default: bool) -> Result<bool, ConfigError> {
+        match self.get(names) {
+            None => Ok(default),
+            Some((var, value)) => parse_bool(&value)
+                .ok_or(ConfigError { var, value, expected: "a boolean (true/false, 1/0, yes/no, on/off)" }),
+        }
+    }
+}
+
+/// Booleans accept true/false, 1/0, yes/no, on/off, in any case.
+pub fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+impl Config {
+    /// Parses the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Parses any variable source (tests pass a map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let env = Env { lookup };
+        let database = if let Some((_, url)) = env.get(&["QUEEN_DATABASE_URL"]) {
+            Database::Url(url)
+        } else if let Some((_, host)) = env.get(&["PG_HOST"]) {
+            Database::Params {
+                host,
+                port: env.parse(&["PG_PORT"], 5432u16, "a port number 1-65535", |p| *p > 0)?,
+                user: env.string(&["PG_USER"], "postgres"),
+                password: env.string(&["PG_PASSWORD"], "postgres"),
+                dbname: env.string(&["PG_DATABASE", "PG_DB"], "postgres"),
+            }
+        } else {
+            Database::Embedded { data_dir: PathBuf::from(env.string(&["QUEEN_DATA_DIR"], "./queen-data")) }
+        };
+        let ms = |names: &[&'static str], default: u64, min: u64| {
+            env.parse(names, default, "a whole number of milliseconds", |v: &u64| *v >= min)
+                .map(Duration::from_millis)
+        };
+        Ok(Config {
+            host: env.string(&["HOST"], "0.0.0.0"),
+            port: env.parse(&["PORT"], 6632u16, "a port number 0-65535", |_| true)?,
+            database,
+            pool_size: env.parse(&["DB_POOL_SIZE"], 160usize, "a pool size of at least 2", |v| *v >= 2)?,
+            pool_wait: ms(&["DB_CONNECTION_TIMEOUT"], 2000, 1)?,
+            statement_timeout: ms(&["QUEEN_STMT_TIMEOUT_MS", "DB_STATEMENT_TIMEOUT"], 30_000, 0)?,
+            max_body_bytes: env.parse(&["QUEEN_MAX_BODY_BYTES"], 64 << 20, "a byte count of at least 1024", |v| {
+                *v >= 1024
+            })?,
+            apply_schema: env.boolean(&["QUEEN_APPLY_SCHEMA"], true)?,
+            log_filter: env.string(&["LOG_LEVEL", "RUST_LOG"], "info"),
+            log_json: env.boolean(&["QUEEN_LOG_JSON"], false)?,
+            coalesce: CoalesceConfig {
+                hold: ms(&["QUEEN_V2_FUSION_HOLD_MS"], 2, 0)?,
+                max_frames: env.parse(&["QUEEN_V2_FUSION_FRAMES"], 500usize, "a frame count of at least 1", |v| {
+                    *v >= 1
+                })?,
+                max_bytes: env.parse(&["QUEEN_V2_FUSION_BYTES"], 4 << 20, "a byte count of at least 1024", |v| {
+                    *v >= 1024
+                })?,
+                zstd_level: env.parse(&["QUEEN_V2_ZSTD_LEVEL"], 3i32, "a zstd level from 1 to 19", |v| {
+                    (1..=19).contains(v)
+                })?,
+            },
+        })
+    }
+
+    /// Every variable, its default and meaning: the `--help` epilogue and the
+    /// README table are written from this one list.
+    pub const VARIABLES: &'static [(&'static str, &'static str, &'static str)] = &[
+        ("HOST", "0.0.0.0", "address the HTTP server binds"),
+        ("PORT", "6632", "HTTP port (0 = any free port)"),
+        ("QUEEN_DATABASE_URL", "", "libpq URL or key=value string of the PostgreSQL to use"),
+        ("PG_HOST", "", "PostgreSQL host; when neither this nor QUEEN_DATABASE_URL is set, an embedded cluster starts"),
+        ("PG_PORT", "5432", "PostgreSQL port"),
+        ("PG_USER", "postgres", "PostgreSQL user"),
+        ("PG_PASSWORD", "postgres", "PostgreSQL password"),
+        ("PG_DATABASE (alias PG_DB)", "postgres", "PostgreSQL database"),
+        ("QUEEN_DATA_DIR", "./queen-data", "where the embedded cluster keeps its data"),
+        ("DB_POOL_SIZE", "160", "most pooled PostgreSQL connections"),
+        ("DB_CONNECTION_TIMEOUT", "2000", "ms a request waits for a pooled connection before 500 pool"),
+        ("QUEEN_STMT_TIMEOUT_MS (alias DB_STATEMENT_TIMEOUT)", "30000", "statement timeout in ms (0 = none)"),
+        ("QUEEN_MAX_BODY_BYTES", "67108864", "largest request body; larger answers 413"),
+        ("QUEEN_APPLY_SCHEMA", "true", "apply pending migrations at boot"),
+        ("LOG_LEVEL (or RUST_LOG)", "info", "log filter (tracing EnvFilter syntax)"),
+        ("QUEEN_LOG_JSON", "false", "log as JSON lines"),
+        ("QUEEN_V2_FUSION_HOLD_MS", "2", "ms an idle partition's first write waits for more"),
+        ("QUEEN_V2_FUSION_FRAMES", "500", "most messages in one coalesced segment"),
+        ("QUEEN_V2_FUSION_BYTES", "4194304", "most uncompressed bytes in one coalesced segment"),
+        ("QUEEN_V2_ZSTD_LEVEL", "3", "zstd level of segment compression"),
+    ];
+
+    /// The variable table as text, for `--help`.
+    pub fn variables_help() -> String {
+        let mut s = String::from("Environment variables (booleans: true/false, 1/0, yes/no, on/off):\n");
+        for (name, default, what) in Config::VARIABLES {
+            let d = if default.is_empty() { String::new() } else { format!(" [default: {default}]") };
+            s.push_str(&format!("  {name}{d}\n      {what}\n"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_follow_the_spec() {
+        let c = parse(&[]).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 6632));
+        assert_eq!(c.database, Database::Embedded { data_dir: PathBuf::from("./queen-data") });
+        assert_eq!(c.max_body_bytes, 67_108_864);
+        assert_eq!(c.statement_timeout, Duration::from_millis(30_000));
+        assert!(c.apply_schema);
+        assert_eq!(c.pool_size, 160);
+    }
+
+    #[test]
+    fn pg_host_selects_explicit_parameters_and_pg_db_is_an_alias() {
+        let c = parse(&[("PG_HOST", "db"), ("PG_DB", "q"), ("PG_PORT", "6000")]).unwrap();
+        assert_eq!(
+            c.database,
+            Database::Params {
+                host: "db".into(),
+                port: 6000,
+                user: "postgres".into(),
+                password: "postgres".into(),
+                dbname: "q".into()
+            }
+        );
+        let c = parse(&[("PG_HOST", "db"), ("PG_DB", "q"), ("PG_DATABASE", "p")]).unwrap();
+        assert!(matches!(c.database, Database::Params { dbname, .. } if dbname == "p"));
+    }
+
+    #[test]
+    fn the_url_wins_over_pg_host() {
+        let c = parse(&[("PG_HOST", "db"), ("QUEEN_DATABASE_URL", "postgres://x@y/z")]).unwrap();
+        assert_eq!(c.database, Database::Url("postgres://x@y/z".into()));
+    }
+
+    #[test]
+    fn booleans_accept_the_four_spellings() {
+        for (v, want) in [("yes", true), ("OFF", false), ("1", true), ("false", false), ("On", true)] {
+            assert_eq!(parse(&[("QUEEN_APPLY_SCHEMA", v)]).unwrap().apply_schema, want, "{v}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_value_names_the_variable_and_the_expectation() {
+        let e = parse(&[("PORT", "http")]).unwrap_err();
+        assert_eq!(e.var, "PORT");
+        assert_eq!(e.to_string(), "invalid PORT=\"http\": expected a port number 0-65535");
+        let e = parse(&[("QUEEN_LOG_JSON", "maybe")]).unwrap_err();
+        assert_eq!(e.var, "QUEEN_LOG_JSON");
+        let e = parse(&[("DB_STATEMENT_TIMEOUT", "-5")]).unwrap_err();
+        assert_eq!(e.var, "DB_STATEMENT_TIMEOUT");
+    }
+
+    #[test]
+    fn the_rust_statement_timeout_name_wins() {
+        let c = parse(&[("DB_STATEMENT_TIMEOUT", "5"), ("QUEEN_STMT_TIMEOUT_MS", "7")]).unwrap();
+        assert_eq!(c.statement_timeout, Duration::from_millis(7));
+    }
+}

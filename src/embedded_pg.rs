@@ -1,0 +1,220 @@
+//! The embedded default: a private PostgreSQL cluster the broker starts when
+//! no database is configured, so `queen serve` works on a fresh machine.
+//!
+//! The cluster lives under `QUEEN_DATA_DIR` (`pgdata/` for the data,
+//! `run/` for the unix socket, `postgres.log`) and listens on the socket only,
+//! never on TCP. It is started with `pg_ctl`, which detaches the server: after
+//! the broker is killed the cluster keeps running, and the next start finds it
+//! (`pg_ctl status`) and reuses it; a stale pid file is cleared. PostgreSQL
+//! refuses to run as root, so when the broker is root every command runs as
+//! the `postgres` OS user through `runuser`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The socket's port number: only names the socket file, since there is no
+/// TCP listener and the directory is private.
+pub const SOCKET_PORT: u16 = 5432;
+
+/// Why the embedded cluster could not be brought up.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    #[error(
+        "PostgreSQL server binaries (initdb, pg_ctl) not found in PATH, `pg_config --bindir` or \
+         /usr/lib/postgresql/*/bin: install the `postgresql` package (apt-get install postgresql), \
+         or point the broker at an existing database with QUEEN_DATABASE_URL or PG_HOST/PG_PORT/\
+         PG_USER/PG_PASSWORD/PG_DATABASE"
+    )]
+    BinariesMissing,
+    #[error("embedded PostgreSQL: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("embedded PostgreSQL: `{command}` failed: {detail}")]
+    Command { command: String, detail: String },
+    #[error("embedded PostgreSQL: {0}")]
+    Unusable(String),
+}
+
+/// Finds the directory holding `initdb` and `pg_ctl`.
+pub fn find_bindir() -> Result<PathBuf, EmbeddedError> {
+    let has_tools = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    if let Some(path) = std::env::var_os("PATH") {
+        if let Some(dir) = std::env::split_paths(&path).find(|d| has_tools(d)) {
+            return Ok(dir);
+        }
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && has_tools(&dir) {
+            return Ok(dir);
+        }
+    }
+    // Debian's layout: /usr/lib/postgresql/<major>/bin; prefer the newest major.
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e.path().join("bin"))))
+        .filter(|(_, dir)| has_tools(dir))
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, dir)| dir).ok_or(EmbeddedError::BinariesMissing)
+}
+
+/// True when this process runs as root, so PostgreSQL must run as `postgres`.
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A command that runs as the `postgres` user when we are root.
+pub fn as_postgres(program: &Path) -> Command {
+    if running_as_root() {
+        let mut c = Command::new("runuser");
+        c.arg("-u").arg("postgres").arg("--").arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// Gives `dir` to the `postgres` user when we are root (no-op otherwise).
+pub fn hand_to_postgres(dir: &Path) -> Result<(), EmbeddedError> {
+    if running_as_root() {
+        run(Command::new("chown").arg("-R").arg("postgres:postgres").arg(dir))?;
+    }
+    Ok(())
+}
+
+/// Runs a command, turning a non-zero exit into an error carrying its stderr.
+pub fn run(cmd: &mut Command) -> Result<Output, EmbeddedError> {
+    let out = cmd.output()?;
+    if !out.status.success() {
+        return Err(EmbeddedError::Command {
+            command: format!("{cmd:?}"),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// Creates a fresh cluster in `pgdata` (which must not exist or be empty):
+/// superuser `postgres`, local trust authentication (the socket directory is
+/// the access control), UTF-8.
+pub fn initdb(bindir: &Path, pgdata: &Path, extra: &[&str]) -> Result<(), EmbeddedError> {
+    run(as_postgres(&bindir.join("initdb"))
+        .arg("-D")
+        .arg(pgdata)
+        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C"])
+        .args(extra))?;
+    Ok(())
+}
+
+/// A running private cluster that this broker owns and stops on shutdown.
+pub struct EmbeddedCluster {
+    bindir: PathBuf,
+    pgdata: PathBuf,
+    socket_dir: PathBuf,
+}
+
+impl EmbeddedCluster {
+    /// Brings the cluster under `data_dir` up: initializes it on first use,
+    /// reuses it when it is already running (a previous broker was killed),
+    /// starts it otherwise.
+    pub fn start(data_dir: &Path) -> Result<EmbeddedCluster, EmbeddedError> {
+        let bindir = find_bindir()?;
+        std::fs::create_dir_all(data_dir)?;
+        let data_dir = data_dir.canonicalize()?;
+        let pgdata = data_dir.join("pgdata");
+        let socket_dir = data_dir.join("run");
+        let socket = socket_dir.join(format!(".s.PGSQL.{SOCKET_PORT}"));
+        if socket.as_os_str().len() > 100 {
+            return Err(EmbeddedError::Unusable(format!(
+                "the socket path {} is too long for a unix socket; choose a shorter QUEEN_DATA_DIR",
+                socket.display()
+            )));
+        }
+        std::fs::create_dir_all(&socket_dir)?;
+        hand_to_postgres(&data_dir)?;
+        if running_as_root() {
+            let probe = Command::new("runuser")
+                .args(["-u", "postgres", "--", "test", "-w"])
+                .arg(&data_dir)
+                .status()?;
+            if !probe.success() {
+                return Err(EmbeddedError::Unusable(format!(
+                    "the postgres user cannot write {} (a parent directory is not traversable by it); \
+                     choose another QUEEN_DATA_DIR",
+                    data_dir.display()
+                )));
+            }
+        }
+        let cluster = EmbeddedCluster { bindir, pgdata, socket_dir };
+        if !cluster.pgdata.join("PG_VERSION").is_file() {
+            tracing::info!(dir = %cluster.pgdata.display(), "initializing embedded PostgreSQL cluster");
+            initdb(&cluster.bindir, &cluster.pgdata, &[])?;
+        }
+        if cluster.is_running() {
+            tracing::info!("embedded PostgreSQL already running; reusing it");
+        } else {
+            cluster.clear_stale_pid_file();
+            cluster.pg_ctl_start(&data_dir)?;
+        }
+        tracing::info!(data = %data_dir.display(), "embedded PostgreSQL ready: data lives in {}", data_dir.display());
+        Ok(cluster)
+    }
+
+    fn is_running(&self) -> bool {
+        as_postgres(&self.bindir.join("pg_ctl"))
+            .arg("status")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }
+
+    /// `pg_ctl status` said no server runs, so a leftover pid file is stale
+    /// (the server died with its broker's machine, or was killed).
+    fn clear_stale_pid_file(&self) {
+        let pid_file = self.pgdata.join("postmaster.pid");
+        if pid_file.exists() {
+            tracing::warn!(file = %pid_file.display(), "removing stale PostgreSQL pid file");
+            let _ = std::fs::remove_file(pid_file);
+        }
+    }
+
+    fn pg_ctl_start(&self, data_dir: &Path) -> Result<(), EmbeddedError> {
+        let options = format!(
+            "-c listen_addresses='' -k {} -p {SOCKET_PORT} -c max_connections=300 -c TimeZone=UTC",
+            self.socket_dir.display()
+        );
+        run(as_postgres(&self.bindir.join("pg_ctl"))
+            .arg("start")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .args(["-w", "-t", "120", "-s"])
+            .arg("-l")
+            .arg(data_dir.join("postgres.log"))
+            .arg("-o")
+            .arg(options))?;
+        Ok(())
+    }
+
+    /// Connection settings for the cluster's socket.
+    pub fn pg_config(&self) -> tokio_postgres::Config {
+        let mut c = tokio_postgres::Config::new();
+        c.host_path(&self.socket_dir).port(SOCKET_PORT).user("postgres").dbname("postgres");
+        c
+    }
+
+    /// A fast shutdown: sessions are disconnected, everything committed stays.
+    pub fn stop(&self) -> Result<(), EmbeddedError> {
+        tracing::info!("stopping embedded PostgreSQL");
+        run(as_postgres(&self.bindir.join("pg_ctl"))
+            .arg("stop")
+            .arg("-D")
+            .arg(&self.pgdata)
+            .args(["-m", "fast", "-w", "-s"]))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,25 @@
+//! Reading request bodies under `QUEEN_MAX_BODY_BYTES`, so that an oversized
+//! body is refused with a JSON 413 before it is buffered whole.
+
+use axum::body::Body;
+use axum::http::header::CONTENT_LENGTH;
+use axum::http::HeaderMap;
+use bytes::Bytes;
+
+use super::error::ApiError;
+
+/// Reads the whole body, refusing anything over `limit` bytes.
+pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let announced = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let inner = e.into_inner();
+        if inner.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            ApiError::PayloadTooLarge { limit }
+        } else {
+            ApiError::BadRequest(format!("bad body: {inner}"))
+        }
+    })
+}

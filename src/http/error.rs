@@ -1,0 +1,59 @@
+//! The one place where failures become HTTP answers: every error is JSON with
+//! an `error` field, and the status is chosen here.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// An answer that is not a success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is wrong; the message names the field and the problem.
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("request body larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// No pooled connection in time.
+    #[error("pool")]
+    Pool,
+    /// The database or the broker failed; the client may retry.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Pool | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<&crate::push::PushError> for ApiError {
+    fn from(e: &crate::push::PushError) -> Self {
+        use crate::db::DbError;
+        use crate::push::PushError;
+        match e {
+            PushError::Db(DbError::Pool(_)) => ApiError::Pool,
+            other => ApiError::Internal(format!("push failed: {other}")),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status().is_server_error() {
+            tracing::warn!(error = %self, "request failed");
+        }
+        (self.status(), Json(json!({ "error": self.to_string() }))).into_response()
+    }
+}

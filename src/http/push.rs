@@ -1,0 +1,64 @@
+//! `POST /api/v1/push` (API.md §2.1): thin on purpose. Parse, hand to the
+//! push path, render.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use super::body::read_limited;
+use super::error::ApiError;
+use super::AppState;
+use crate::push::{self, ItemResult, Outcome};
+
+/// One element of the push answer. Both spellings of the ids are emitted:
+/// upstream brokers used snake_case, newer clients read camelCase.
+#[derive(Serialize)]
+struct PushAnswer<'a> {
+    index: usize,
+    status: &'static str,
+    #[serde(rename = "messageId")]
+    message_id_camel: String,
+    message_id: String,
+    #[serde(rename = "transactionId")]
+    transaction_id_camel: &'a str,
+    transaction_id: &'a str,
+    #[serde(rename = "queueName")]
+    queue_name: &'a str,
+    #[serde(rename = "partitionId")]
+    partition_id: String,
+}
+
+impl<'a> From<&'a ItemResult> for PushAnswer<'a> {
+    fn from(r: &'a ItemResult) -> Self {
+        let status = match r.outcome {
+            Outcome::Queued { .. } => "queued",
+            Outcome::Duplicate { .. } => "duplicate",
+        };
+        let id = r.outcome.message_id().to_string();
+        PushAnswer {
+            index: r.index,
+            status,
+            message_id_camel: id.clone(),
+            message_id: id,
+            transaction_id_camel: &r.transaction_id,
+            transaction_id: &r.transaction_id,
+            queue_name: &r.queue,
+            partition_id: r.outcome.partition_id().to_string(),
+        }
+    }
+}
+
+pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_limited(&headers, body, state.config.max_body_bytes).await?;
+    let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
+    let items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
+    if items.is_empty() {
+        return Ok((StatusCode::CREATED, Json(Vec::<PushAnswer>::new())).into_response());
+    }
+    let results = push::push_items(&state.coalescer, items).await.map_err(|e| ApiError::from(&*e))?;
+    let answer: Vec<PushAnswer> = results.iter().map(PushAnswer::from).collect();
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}

@@ -1,0 +1,16 @@
+//! Queen: a partitioned message-queue broker on PostgreSQL.
+//!
+//! The layout follows the data (see `../shared/spec/ARCHITECTURE.md`):
+//! `http` is the thin surface, `push` the write path, `log` the pure byte
+//! formats, `db` the pool and migrations, `embedded_pg` the private cluster
+//! used when no database is configured, `config` every setting, and `app`
+//! boot and shutdown.
+
+pub mod app;
+pub mod config;
+pub mod db;
+pub mod embedded_pg;
+pub mod http;
+pub mod log;
+pub mod push;
+pub mod telemetry;

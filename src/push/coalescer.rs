@@ -1,0 +1,363 @@
+//! The push coalescer: concurrent pushes to one partition become one segment
+//! write.
+//!
+//! Each (queue, partition) with pending work has a *lane*: a queue of entries
+//! (chunks of requests) and at most one flusher task. The flusher takes as many
+//! entries as fit the frame and byte bounds, compresses them into one segment,
+//! and makes one round trip to `queen.push_segment_v1`. While that write is in
+//! flight new entries pile up behind it and go out together in the next
+//! write, so batching grows with load on its own; an idle lane's first write
+//! also waits up to `hold` for company. Lanes never wait on each other, and a
+//! lane disappears from the map as soon as it has nothing left to write, so
+//! memory follows the partitions being written right now, not all of them.
+//!
+//! An entry's sender learns its outcome only after COMMIT: that is what makes
+//! a `201` mean durable.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::{oneshot, Notify};
+use uuid::Uuid;
+
+use crate::config::CoalesceConfig;
+use crate::db::DbError;
+use crate::log::{compress_frames, decompress_frames, FrameReader};
+
+/// Number of independent lane maps; a push locks one shard briefly.
+const SHARDS: usize = 16;
+/// Bound on dedup re-tries of one batch (each retry drops at least one item).
+const MAX_ATTEMPTS: usize = 8;
+/// Ceiling on decompressing a stored segment to find a duplicate's id.
+const DUP_LOOKUP_LIMIT: usize = 256 << 20;
+
+const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
+
+/// One message of an entry, with where its encoded frame sits.
+#[derive(Debug, Clone)]
+pub struct EntryItem {
+    pub transaction_id: String,
+    pub message_id: Uuid,
+    pub frame: Range<usize>,
+}
+
+/// What became of one pushed message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Queued { message_id: Uuid, partition_id: i64, offset: i64 },
+    /// Already in the partition: `message_id` is the original's (nil when it
+    /// can no longer be known, e.g. its segment was removed by retention).
+    Duplicate { message_id: Uuid, partition_id: i64 },
+}
+
+impl Outcome {
+    pub fn message_id(&self) -> Uuid {
+        match self {
+            Outcome::Queued { message_id, .. } | Outcome::Duplicate { message_id, .. } => *message_id,
+        }
+    }
+    pub fn partition_id(&self) -> i64 {
+        match self {
+            Outcome::Queued { partition_id, .. } | Outcome::Duplicate { partition_id, .. } => *partition_id,
+        }
+    }
+}
+
+/// Why a push could not be committed. Nothing of the failed batch is written.
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("the push was abandoned by its writer")]
+    Lost,
+}
+
+type Reply = oneshot::Sender<Result<Vec<Outcome>, Arc<PushError>>>;
+
+/// A chunk of one request bound for one partition: frames encoded back to back.
+struct Entry {
+    items: Vec<EntryItem>,
+    frames: Vec<u8>,
+    reply: Reply,
+}
+
+#[derive(Default)]
+struct LaneState {
+    pending: VecDeque<Entry>,
+    frames: usize,
+    bytes: usize,
+    flushing: bool,
+    /// The queue's dedup window as last reported by PostgreSQL (None = not yet
+    /// known; treated as "dedup on").
+    window: Option<i32>,
+}
+
+struct Lane {
+    key: (String, String),
+    state: Mutex<LaneState>,
+    full: Notify,
+}
+
+struct Inner {
+    shards: Vec<Mutex<HashMap<(String, String), Arc<Lane>>>>,
+    pool: Pool,
+    cfg: CoalesceConfig,
+    flushers: AtomicUsize,
+    idle: Notify,
+}
+
+/// The per-partition write coalescer. Cheap to clone.
+#[derive(Clone)]
+pub struct Coalescer {
+    inner: Arc<Inner>,
+}
+
+impl Coalescer {
+    pub fn new(pool: Pool, cfg: CoalesceConfig) -> Coalescer {
+        Coalescer {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                pool,
+                cfg,
+                flushers: AtomicUsize::new(0),
+                idle: Notify::new(),
+            }),
+        }
+    }
+
+    /// The configured bounds, so callers can chunk requests to fit.
+    pub fn config(&self) -> &CoalesceConfig {
+        &self.inner.cfg
+    }
+
+    /// Queues a chunk for (queue, partition) and returns where its outcome
+    /// will arrive. Synchronous on purpose: a request enqueues every chunk
+    /// before awaiting any, so its chunks can share segments.
+    pub fn submit(
+        &self,
+        queue: &str,
+        partition: &str,
+        items: Vec<EntryItem>,
+        frames: Vec<u8>,
+    ) -> oneshot::Receiver<Result<Vec<Outcome>, Arc<PushError>>> {
+        let (reply, rx) = oneshot::channel();
+        let key = (queue.to_string(), partition.to_string());
+        let shard = &self.inner.shards[shard_of(&key)];
+        let mut map = shard.lock().expect("lane map lock poisoned");
+        let lane = map
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(Lane { key, state: Mutex::new(LaneState::default()), full: Notify::new() }))
+            .clone();
+        let mut st = lane.state.lock().expect("lane lock poisoned");
+        st.frames += items.len();
+        st.bytes += frames.len();
+        st.pending.push_back(Entry { items, frames, reply });
+        if st.frames >= self.inner.cfg.max_frames || st.bytes >= self.inner.cfg.max_bytes {
+            lane.full.notify_one();
+        }
+        if !st.flushing {
+            st.flushing = true;
+            self.inner.flushers.fetch_add(1, Ordering::SeqCst);
+            let inner = self.inner.clone();
+            let lane = lane.clone();
+            tokio::spawn(async move { inner.run_lane(lane).await });
+        }
+        rx
+    }
+
+    /// Waits until every lane has written what it holds (shutdown), at most
+    /// `deadline`.
+    pub async fn drain(&self, deadline: Duration) {
+        let _ = tokio::time::timeout(deadline, async {
+            while self.inner.flushers.load(Ordering::SeqCst) > 0 {
+                let notified = self.inner.idle.notified();
+                if self.inner.flushers.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+            }
+        })
+        .await;
+    }
+}
+
+fn shard_of(key: &(String, String)) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() as usize) % SHARDS
+}
+
+/// The 64-bit hash of a transactionId kept in the transaction index. xxh3 is
+/// a fixed, documented algorithm, so every broker computes the same value.
+pub fn txn_hash(transaction_id: &str) -> i64 {
+    xxhash_rust::xxh3::xxh3_64(transaction_id.as_bytes()) as i64
+}
+
+impl Inner {
+    async fn run_lane(self: Arc<Self>, lane: Arc<Lane>) {
+        let mut first = true;
+        loop {
+            if first && !self.cfg.hold.is_zero() {
+                let below = {
+                    let st = lane.state.lock().expect("lane lock poisoned");
+                    st.frames < self.cfg.max_frames && st.bytes < self.cfg.max_bytes
+                };
+                if below {
+                    let _ = tokio::time::timeout(self.cfg.hold, lane.full.notified()).await;
+                }
+            }
+            first = false;
+            let (batch, window) = self.take_batch(&lane);
+            if batch.is_empty() {
+                // Re-check under the map lock, which every submit takes first, so
+                // an entry cannot slip in between this check and the removal.
+                let mut map = self.shards[shard_of(&lane.key)].lock().expect("lane map lock poisoned");
+                let mut st = lane.state.lock().expect("lane lock poisoned");
+                if st.pending.is_empty() {
+                    st.flushing = false;
+                    if map.get(&lane.key).is_some_and(|l| Arc::ptr_eq(l, &lane)) {
+                        map.remove(&lane.key);
+                    }
+                    drop(st);
+                    drop(map);
+                    if self.flushers.fetch_sub(1, Ordering::SeqCst) == 1 {
+                        self.idle.notify_waiters();
+                    }
+                    return;
+                }
+                continue;
+            }
+            match self.write(&lane.key, &batch, window).await {
+                Ok((outcomes, window)) => {
+                    lane.state.lock().expect("lane lock poisoned").window = Some(window);
+                    for (entry, outcome) in batch.into_iter().zip(outcomes) {
+                        let _ = entry.reply.send(Ok(outcome));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %lane.key.0, partition = %lane.key.1, error = %e, "segment write failed");
+                    let e = Arc::new(e);
+                    for entry in batch {
+                        let _ = entry.reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes entries up to the bounds (always at least one).
+    fn take_batch(&self, lane: &Lane) -> (Vec<Entry>, Option<i32>) {
+        let mut st = lane.state.lock().expect("lane lock poisoned");
+        let (mut frames, mut bytes) = (0, 0);
+        let mut batch = Vec::new();
+        while let Some(e) = st.pending.front() {
+            let fits = frames + e.items.len() <= self.cfg.max_frames && bytes + e.frames.len() <= self.cfg.max_bytes;
+            if !batch.is_empty() && !fits {
+                break;
+            }
+            frames += e.items.len();
+            bytes += e.frames.len();
+            batch.push(st.pending.pop_front().expect("front exists"));
+        }
+        st.frames -= frames;
+        st.bytes -= bytes;
+        (batch, st.window)
+    }
+
+    /// Writes one batch as one segment (more round trips only when PostgreSQL
+    /// reports cross-request duplicates). Returns each entry's outcomes and the
+    /// queue's dedup window.
+    async fn write(
+        &self,
+        key: &(String, String),
+        batch: &[Entry],
+        window: Option<i32>,
+    ) -> Result<(Vec<Vec<Outcome>>, i32), PushError> {
+        // Merge equal transactionIds of different requests in this batch: the
+        // first wins, unless the queue keeps no dedup window at all.
+        let mut leader_of: HashMap<(usize, usize), (usize, usize)> = HashMap::new();
+        let mut survivors: Vec<(usize, usize)> = Vec::new();
+        let mut seen: HashMap<&str, (usize, usize)> = HashMap::new();
+        for (e, entry) in batch.iter().enumerate() {
+            for (i, item) in entry.items.iter().enumerate() {
+                if window != Some(0) {
+                    if let Some(&leader) = seen.get(item.transaction_id.as_str()) {
+                        leader_of.insert((e, i), leader);
+                        continue;
+                    }
+                    seen.insert(&item.transaction_id, (e, i));
+                }
+                survivors.push((e, i));
+            }
+        }
+        let mut outcomes: Vec<Vec<Option<Outcome>>> = batch.iter().map(|e| vec![None; e.items.len()]).collect();
+        let client = self.pool.get().await.map_err(DbError::from)?;
+        let stmt = client.prepare_cached(PUSH_SQL).await.map_err(DbError::from)?;
+        let mut window_seen = window.unwrap_or(1);
+        let mut attempts = 0;
+        while !survivors.is_empty() {
+            attempts += 1;
+            if attempts > MAX_ATTEMPTS {
+                return Err(PushError::Lost);
+            }
+            let mut frames = Vec::with_capacity(survivors.iter().map(|&(e, i)| batch[e].items[i].frame.len()).sum());
+            let mut hashes = Vec::with_capacity(survivors.len());
+            for &(e, i) in &survivors {
+                let item = &batch[e].items[i];
+                frames.extend_from_slice(&batch[e].frames[item.frame.clone()]);
+                hashes.push(txn_hash(&item.transaction_id));
+            }
+            let blob = compress_frames(&frames, self.cfg.zstd_level);
+            let rows = client.query(&stmt, &[&key.0, &key.1, &hashes, &blob]).await.map_err(DbError::from)?;
+            let first = rows.first().ok_or(PushError::Lost)?;
+            window_seen = first.get("o_window");
+            let partition_id: i64 = first.get("o_partition_id");
+            if first.get::<_, Option<i32>>("o_dup_index").is_none() {
+                let base: i64 = first.get("o_base_offset");
+                for (n, &(e, i)) in survivors.iter().enumerate() {
+                    let message_id = batch[e].items[i].message_id;
+                    outcomes[e][i] = Some(Outcome::Queued { message_id, partition_id, offset: base + n as i64 });
+                }
+                break;
+            }
+            let mut dropped = vec![false; survivors.len()];
+            for row in &rows {
+                let n: i32 = row.get("o_dup_index");
+                let offset: i64 = row.get("o_dup_offset");
+                let seg_base: Option<i64> = row.get("o_seg_base");
+                let seg_blob: Option<&[u8]> = row.get("o_seg_blob");
+                let message_id = match (seg_base, seg_blob) {
+                    (Some(b), Some(blob)) => message_id_at(blob, offset - b).unwrap_or_else(Uuid::nil),
+                    _ => Uuid::nil(),
+                };
+                let (e, i) = survivors[n as usize];
+                outcomes[e][i] = Some(Outcome::Duplicate { message_id, partition_id });
+                dropped[n as usize] = true;
+            }
+            let mut n = 0;
+            survivors.retain(|_| {
+                n += 1;
+                !dropped[n - 1]
+            });
+        }
+        for (&(e, i), &(le, li)) in &leader_of {
+            let leader = outcomes[le][li].clone().expect("every survivor has an outcome");
+            outcomes[e][i] = Some(Outcome::Duplicate { message_id: leader.message_id(), partition_id: leader.partition_id() });
+        }
+        let outcomes =
+            outcomes.into_iter().map(|v| v.into_iter().map(|o| o.expect("every item has an outcome")).collect()).collect();
+        Ok((outcomes, window_seen))
+    }
+}
+
+/// The message id of frame `index` of a stored segment.
+fn message_id_at(blob: &[u8], index: i64) -> Option<Uuid> {
+    let frames = decompress_frames(blob, DUP_LOOKUP_LIMIT).ok()?;
+    let index = usize::try_from(index).ok()?;
+    FrameReader::new(&frames).nth(index)?.ok().map(|f| f.message_id)
+}

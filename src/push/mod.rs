@@ -1,0 +1,131 @@
+//! The push path: validated items are grouped by (queue, partition),
+//! deduplicated inside the request, encoded into stored frames, and handed to
+//! the coalescer; the answer is assembled in item order once every chunk has
+//! committed.
+
+pub mod coalescer;
+pub mod validate;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+pub use coalescer::{Coalescer, EntryItem, Outcome, PushError};
+pub use validate::{parse_push_body, PushItem};
+
+use crate::log::Frame;
+
+/// The result of one pushed item, in request order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemResult {
+    pub index: usize,
+    pub queue: String,
+    pub transaction_id: String,
+    pub outcome: Outcome,
+}
+
+/// Pushes validated items. Every item is committed (or found to be a
+/// duplicate) when this returns `Ok`; on `Err` the caller answers 5xx and the
+/// client's retry is made safe by deduplication.
+pub async fn push_items(coalescer: &Coalescer, items: Vec<PushItem<'_>>) -> Result<Vec<ItemResult>, Arc<PushError>> {
+    struct Group {
+        queue: String,
+        partition: String,
+        /// Indexes (into `items`) of the first occurrence of each transactionId.
+        leaders: Vec<usize>,
+    }
+    let n = items.len();
+    let message_ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
+    let txns: Vec<String> = items
+        .iter()
+        .zip(&message_ids)
+        .map(|(it, id)| it.transaction_id.clone().unwrap_or_else(|| id.to_string()))
+        .collect();
+
+    let mut groups: Vec<Group> = Vec::new();
+    let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut first_seen: HashMap<(usize, &str), usize> = HashMap::new();
+    // follower item index -> leader item index (same queue, partition, txn)
+    let mut followers: Vec<(usize, usize)> = Vec::new();
+    for (idx, item) in items.iter().enumerate() {
+        let g = *group_of.entry((item.queue.as_str(), item.partition.as_str())).or_insert_with(|| {
+            groups.push(Group { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
+            groups.len() - 1
+        });
+        match first_seen.get(&(g, txns[idx].as_str())) {
+            Some(&leader) => followers.push((idx, leader)),
+            None => {
+                first_seen.insert((g, txns[idx].as_str()), idx);
+                groups[g].leaders.push(idx);
+            }
+        }
+    }
+
+    // Encode and submit every chunk before awaiting any.
+    let cfg = coalescer.config().clone();
+    let mut pending = Vec::new();
+    for group in &groups {
+        let mut chunk_items: Vec<EntryItem> = Vec::new();
+        let mut chunk_idx: Vec<usize> = Vec::new();
+        let mut frames: Vec<u8> = Vec::new();
+        for &idx in &group.leaders {
+            let item = &items[idx];
+            let frame = Frame {
+                message_id: message_ids[idx],
+                trace_id: item.trace_id,
+                transaction_id: &txns[idx],
+                producer_sub: None,
+                encrypted: false,
+                payload: item.payload.as_bytes(),
+            };
+            if !chunk_items.is_empty()
+                && (chunk_items.len() >= cfg.max_frames || frames.len() + frame.encoded_len() > cfg.max_bytes)
+            {
+                let rx = coalescer.submit(&group.queue, &group.partition, std::mem::take(&mut chunk_items), std::mem::take(&mut frames));
+                pending.push((std::mem::take(&mut chunk_idx), rx));
+            }
+            let start = frames.len();
+            frame.encode_into(&mut frames);
+            chunk_items.push(EntryItem { transaction_id: txns[idx].clone(), message_id: message_ids[idx], frame: start..frames.len() });
+            chunk_idx.push(idx);
+        }
+        if !chunk_items.is_empty() {
+            let rx = coalescer.submit(&group.queue, &group.partition, chunk_items, frames);
+            pending.push((chunk_idx, rx));
+        }
+    }
+
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; n];
+    let mut failure = None;
+    for (idxs, rx) in pending {
+        match rx.await {
+            Ok(Ok(chunk)) => {
+                for (idx, o) in idxs.into_iter().zip(chunk) {
+                    outcomes[idx] = Some(o);
+                }
+            }
+            Ok(Err(e)) => failure = Some(e),
+            Err(_) => failure = Some(Arc::new(PushError::Lost)),
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    for (idx, leader) in followers {
+        let l = outcomes[leader].clone().expect("leader has an outcome");
+        outcomes[idx] = Some(Outcome::Duplicate { message_id: l.message_id(), partition_id: l.partition_id() });
+    }
+    Ok(items
+        .into_iter()
+        .zip(txns)
+        .zip(outcomes)
+        .enumerate()
+        .map(|(index, ((item, transaction_id), o))| ItemResult {
+            index,
+            queue: item.queue,
+            transaction_id,
+            outcome: o.expect("every item has an outcome"),
+        })
+        .collect())
+}

@@ -1,0 +1,155 @@
+//! Validation of the JSON push body (API.md §2.1).
+//!
+//! Payloads stay raw JSON slices borrowed from the request body: they are
+//! checked for well-formedness by the parser and copied once, into the frame.
+//! Every refusal names the item index and the field, because a producer with a
+//! batch of a thousand items needs to know which one is wrong.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use uuid::Uuid;
+
+/// Longest queue or partition name, in bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+/// Longest transactionId, in bytes.
+pub const MAX_TRANSACTION_ID_BYTES: usize = 1024;
+/// The partition an item without one goes to.
+pub const DEFAULT_PARTITION: &str = "Default";
+
+/// One push item after validation. The payload borrows from the body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushItem<'a> {
+    pub queue: String,
+    pub partition: String,
+    /// `None` when absent or empty: the broker mints one.
+    pub transaction_id: Option<String>,
+    pub trace_id: Option<Uuid>,
+    pub payload: &'a str,
+}
+
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow)]
+    items: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawItem<'a> {
+    #[serde(borrow)]
+    queue: Option<&'a RawValue>,
+    #[serde(borrow)]
+    partition: Option<&'a RawValue>,
+    #[serde(borrow, rename = "transactionId")]
+    transaction_id: Option<&'a RawValue>,
+    #[serde(borrow, rename = "traceId")]
+    trace_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+}
+
+/// Parses and validates a JSON push body. The error is the whole message of
+/// the `400` answer.
+pub fn parse_push_body(body: &str) -> Result<Vec<PushItem<'_>>, String> {
+    let parsed: Body<'_> = serde_json::from_str(body).map_err(|e| format!("bad body: {e}"))?;
+    let items = parsed.items.ok_or("items: required, an array of push items")?;
+    let items: Vec<&RawValue> = serde_json::from_str(items.get()).map_err(|_| "items: must be an array".to_string())?;
+    items.iter().enumerate().map(|(i, raw)| parse_item(i, raw)).collect()
+}
+
+fn parse_item<'a>(index: usize, raw: &'a RawValue) -> Result<PushItem<'a>, String> {
+    let item: RawItem<'a> =
+        serde_json::from_str(raw.get()).map_err(|_| format!("items[{index}]: must be an object"))?;
+    let field = |name: &str, problem: &str| format!("items[{index}].{name}: {problem}");
+    let queue = string_field(item.queue).map_err(|p| field("queue", p))?.ok_or_else(|| field("queue", "required, a string"))?;
+    check_name(&queue).map_err(|p| field("queue", p))?;
+    let partition = match string_field(item.partition).map_err(|p| field("partition", p))? {
+        Some(p) => {
+            check_name(&p).map_err(|e| field("partition", e))?;
+            p
+        }
+        None => DEFAULT_PARTITION.to_string(),
+    };
+    let transaction_id =
+        string_field(item.transaction_id).map_err(|p| field("transactionId", p))?.filter(|t| !t.is_empty());
+    if let Some(t) = &transaction_id {
+        if t.len() > MAX_TRANSACTION_ID_BYTES {
+            return Err(field("transactionId", "longer than 1024 bytes"));
+        }
+    }
+    let trace_id = match string_field(item.trace_id).map_err(|p| field("traceId", p))? {
+        None => None,
+        Some(t) => Some(Uuid::parse_str(&t).map_err(|_| field("traceId", "must be a UUID"))?),
+    };
+    let payload = item.payload.or(item.data).map(|p| p.get()).unwrap_or("null");
+    Ok(PushItem { queue, partition, transaction_id, trace_id, payload })
+}
+
+/// A field that, when present and not null, must be a JSON string.
+fn string_field(raw: Option<&RawValue>) -> Result<Option<String>, &'static str> {
+    match raw {
+        None => Ok(None),
+        Some(r) if r.get() == "null" => Ok(None),
+        Some(r) => serde_json::from_str::<String>(r.get()).map(Some).map_err(|_| "must be a string"),
+    }
+}
+
+/// Queue and partition names: 1..=255 bytes, no control characters.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("must not be empty")
+    } else if name.len() > MAX_NAME_BYTES {
+        Err("longer than 255 bytes")
+    } else if name.chars().any(char::is_control) {
+        Err("must not contain control characters")
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_item_without_partition_goes_to_default_and_payload_stays_raw() {
+        let items = parse_push_body(r#"{"items":[{"queue":"q","payload":{"b": 1, "a":[1, 2]}}]}"#).unwrap();
+        assert_eq!(items[0].partition, "Default");
+        assert_eq!(items[0].payload, r#"{"b": 1, "a":[1, 2]}"#);
+        assert_eq!(items[0].transaction_id, None);
+    }
+
+    #[test]
+    fn an_empty_transaction_id_is_minted_later() {
+        let items = parse_push_body(r#"{"items":[{"queue":"q","transactionId":""}]}"#).unwrap();
+        assert_eq!(items[0].transaction_id, None);
+        assert_eq!(items[0].payload, "null");
+    }
+
+    #[test]
+    fn refusals_name_the_item_and_the_field() {
+        let cases = [
+            (r#"{"items":[{"queue":"q"},{"queue":5}]}"#, "items[1].queue: must be a string"),
+            (r#"{"items":[{"partition":"p"}]}"#, "items[0].queue: required, a string"),
+            (r#"{"items":[{"queue":"q","partition":[]}]}"#, "items[0].partition: must be a string"),
+            (r#"{"items":[{"queue":"q","transactionId":7}]}"#, "items[0].transactionId: must be a string"),
+            (r#"{"items":[{"queue":"q","traceId":"nope"}]}"#, "items[0].traceId: must be a UUID"),
+            (r#"{"items":[{"queue":""}]}"#, "items[0].queue: must not be empty"),
+            (r#"{"items":[{"queue":"a\u0001b"}]}"#, "items[0].queue: must not contain control characters"),
+            (r#"{"items":[3]}"#, "items[0]: must be an object"),
+            (r#"{"items":{}}"#, "items: must be an array"),
+            (r#"{}"#, "items: required, an array of push items"),
+        ];
+        for (body, want) in cases {
+            assert_eq!(parse_push_body(body).unwrap_err(), want, "{body}");
+        }
+        assert!(parse_push_body("{").unwrap_err().starts_with("bad body: "));
+    }
+
+    #[test]
+    fn a_trace_id_of_any_uuid_version_is_accepted() {
+        let body = r#"{"items":[{"queue":"q","traceId":"0198f2c1-9a7b-7d20-8e31-4c5d6e7f8a90"}]}"#;
+        assert!(parse_push_body(body).unwrap()[0].trace_id.is_some());
+    }
+}

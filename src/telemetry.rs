@@ -1,0 +1,11 @@
+//! Logging: `tracing` to stdout, plain or JSON lines (`QUEEN_LOG_JSON`),
+//! filtered by `LOG_LEVEL`/`RUST_LOG`. One line per lifecycle event, none per
+//! message.
+
+use tracing_subscriber::EnvFilter;
+
+pub fn init(filter: &str, json: bool) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    let _ = if json { builder.json().try_init() } else { builder.try_init() };
+}
