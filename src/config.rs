@@ -268,3 +268,15 @@ mod tests {
         assert_eq!(c.statement_timeout, Duration::from_millis(7));
     }
 }
+
+#[cfg(test)]
+mod readme {
+    #[test]
+    fn the_readme_table_lists_every_variable() {
+        let readme = include_str!("../README.md");
+        for (name, _, _) in super::Config::VARIABLES {
+            let first = name.split_whitespace().next().unwrap();
+            assert!(readme.contains(&format!("`{first}`")), "README.md lacks {first}");
+        }
+    }
+}

@@ -34,8 +34,14 @@ pub enum EmbeddedError {
     Unusable(String),
 }
 
-/// Finds the directory holding `initdb` and `pg_ctl`.
+/// Finds the directory holding `initdb` and `pg_ctl` (and the rest of the
+/// server's tools: symlinks found on PATH are followed to the real directory).
 pub fn find_bindir() -> Result<PathBuf, EmbeddedError> {
+    let dir = search_bindir()?;
+    Ok(dir.join("initdb").canonicalize().ok().and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or(dir))
+}
+
+fn search_bindir() -> Result<PathBuf, EmbeddedError> {
     let has_tools = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
     if let Some(path) = std::env::var_os("PATH") {
         if let Some(dir) = std::env::split_paths(&path).find(|d| has_tools(d)) {

@@ -1,0 +1,300 @@
+//! The test harness: one private PostgreSQL cluster per test binary, one
+//! database per test, and the real `queen` binary spawned on a random port.
+//!
+//! The cluster runs under a small shell watchdog whose stdin is a pipe held by
+//! the test process: when the process exits, however it exits, the pipe
+//! closes, the watchdog stops PostgreSQL and deletes its directory. No test
+//! leaves a server behind.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use queen::embedded_pg::{self, as_postgres, SOCKET_PORT};
+
+pub struct Cluster {
+    pub socket_dir: PathBuf,
+    _watchdog: Mutex<(Child, ChildStdin)>,
+}
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// The shared cluster, started on first use.
+pub fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(start_cluster)
+}
+
+fn start_cluster() -> Cluster {
+    let bindir = embedded_pg::find_bindir().expect("PostgreSQL server binaries are installed");
+    let dir = tempfile::Builder::new().prefix("queen-test-").tempdir_in("/tmp").unwrap().keep();
+    let pgdata = dir.join("pgdata");
+    embedded_pg::hand_to_postgres(&dir).unwrap();
+    embedded_pg::initdb(&bindir, &pgdata, &["--no-sync"]).unwrap();
+    // Tests are about the broker, not the disk: skip fsync for speed.
+    let script = r#"
+        "$1" -D "$2" -k "$3" -p "$4" -c listen_addresses= -c fsync=off -c full_page_writes=off \
+             -c synchronous_commit=off -c max_connections=500 -c TimeZone=UTC >"$3/pg.log" 2>&1 &
+        pid=$!
+        read _ignored
+        kill -INT $pid
+        wait $pid
+        rm -rf "$3"
+    "#;
+    let mut child = as_postgres(Path::new("sh"))
+        .arg("-c")
+        .arg(script)
+        .arg("watchdog")
+        .arg(bindir.join("postgres"))
+        .arg(&pgdata)
+        .arg(&dir)
+        .arg(SOCKET_PORT.to_string())
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("watchdog starts");
+    let stdin = child.stdin.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = Command::new(bindir.join("pg_isready"))
+            .arg("-q")
+            .arg("-h")
+            .arg(&dir)
+            .arg("-p")
+            .arg(SOCKET_PORT.to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "test PostgreSQL did not start; see {}/pg.log", dir.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Cluster { socket_dir: dir, _watchdog: Mutex::new((child, stdin)) }
+}
+
+impl Cluster {
+    pub fn url(&self, db: &str) -> String {
+        format!("host={} port={} user=postgres dbname={}", self.socket_dir.display(), SOCKET_PORT, db)
+    }
+
+    /// A SQL session on database `db`.
+    pub async fn connect(&self, db: &str) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url(db), tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        client
+    }
+
+    /// A fresh, empty database for one test.
+    pub async fn create_db(&self) -> String {
+        let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::SeqCst));
+        let admin = self.connect("postgres").await;
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
+        name
+    }
+}
+
+/// A running broker process.
+pub struct Broker {
+    pub url: String,
+    pub db: String,
+    pub http: reqwest::Client,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Broker {
+    /// A broker on a fresh database of the shared cluster.
+    pub async fn start() -> Broker {
+        Broker::start_with(&[]).await
+    }
+
+    /// Same, with extra environment variables.
+    pub async fn start_with(env: &[(&str, &str)]) -> Broker {
+        let c = cluster();
+        let db = c.create_db().await;
+        let mut all = vec![("QUEEN_DATABASE_URL".to_string(), c.url(&db))];
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Broker::spawn(db, all).await
+    }
+
+    /// A broker with exactly this environment (beyond HOST/PORT/logging).
+    pub async fn spawn(db: String, env: Vec<(String, String)>) -> Broker {
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (child, url) = spawn_process(&env, logs.clone()).await;
+        Broker { url, db, http: reqwest::Client::new(), env, child: Some(child), logs }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// `kill -9`: no shutdown of any kind.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for the exit; returns the exit code.
+    pub async fn terminate(&mut self) -> Option<i32> {
+        let mut c = self.child.take()?;
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        tokio::task::spawn_blocking(move || c.wait().ok().and_then(|s| s.code())).await.unwrap()
+    }
+
+    /// Starts the broker again on the same database and environment.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let (child, url) = spawn_process(&self.env, self.logs.clone()).await;
+        self.child = Some(child);
+        self.url = url;
+    }
+
+    pub async fn sql(&self) -> tokio_postgres::Client {
+        cluster().connect(&self.db).await
+    }
+
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let r = self.http.post(format!("{}{}", self.url, path)).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    pub async fn post_raw(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, serde_json::Value) {
+        let r = self
+            .http
+            .post(format!("{}{}", self.url, path))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        let r = self.http.get(format!("{}{}", self.url, path)).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    pub fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- broker log ---\n{}", self.logs().join("\n"));
+        }
+        self.kill();
+    }
+}
+
+/// Spawns `queen serve` and waits for its "listening on" line.
+pub async fn spawn_process(env: &[(String, String)], logs: Arc<Mutex<Vec<String>>>) -> (Child, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_queen"));
+    cmd.arg("serve")
+        .env_remove("PG_HOST")
+        .env_remove("QUEEN_DATABASE_URL")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("LOG_LEVEL", "info")
+        .env("QUEEN_LOG_JSON", "false")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("queen binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let out_logs = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
+                let _ = tx.send(format!("http://{addr}"));
+            }
+            out_logs.lock().unwrap().push(line);
+        }
+    });
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            logs.lock().unwrap().push(line);
+        }
+    });
+    let url = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .expect("broker printed its address");
+    (child, url)
+}
+
+/// Polls `check` until it returns true or the deadline passes.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every frame stored for (queue, partition), in offset order: (offset, frame
+/// fields) decoded from the segments as the broker wrote them.
+pub async fn stored_messages(sql: &tokio_postgres::Client, queue: &str, partition: &str) -> Vec<StoredMessage> {
+    let rows = sql
+        .query(
+            "SELECT s.base_offset, s.msg_count, s.blob FROM queen.segments s
+             JOIN queen.partitions p ON p.id = s.partition_id JOIN queen.queues q ON q.id = p.queue_id
+             WHERE q.name = $1 AND p.name = $2 ORDER BY s.base_offset",
+            &[&queue, &partition],
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for r in rows {
+        let base: i64 = r.get(0);
+        let count: i32 = r.get(1);
+        let blob: Vec<u8> = r.get(2);
+        let frames = queen::log::decompress_frames(&blob, 1 << 30).unwrap();
+        let decoded = queen::log::FrameReader::collect_all(&frames).unwrap();
+        assert_eq!(decoded.len(), count as usize, "msg_count matches the frames in the blob");
+        for (i, f) in decoded.into_iter().enumerate() {
+            out.push(StoredMessage {
+                offset: base + i as i64,
+                message_id: f.message_id.to_string(),
+                transaction_id: f.transaction_id.to_string(),
+                trace_id: f.trace_id.map(|t| t.to_string()),
+                payload: String::from_utf8(f.payload_json().to_vec()).unwrap(),
+            });
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredMessage {
+    pub offset: i64,
+    pub message_id: String,
+    pub transaction_id: String,
+    pub trace_id: Option<String>,
+    pub payload: String,
+}

@@ -1,0 +1,350 @@
+//! The push path over HTTP against a real PostgreSQL (API.md §2.1, issue 2).
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{stored_messages, Broker};
+use serde_json::{json, Value};
+
+fn results(body: &Value) -> &Vec<Value> {
+    body.as_array().expect("the push answer is an array")
+}
+
+#[tokio::test]
+async fn a_push_answers_201_with_one_result_per_item_in_item_order() {
+    let b = Broker::start().await;
+    let (status, body) = b
+        .post(
+            "/api/v1/push",
+            json!({"items": [
+                {"queue": "orders", "partition": "p1", "payload": {"n": 1}, "transactionId": "a"},
+                {"queue": "orders", "payload": {"n": 2}, "transactionId": "b"},
+                {"queue": "orders", "partition": "p1", "payload": {"n": 3}, "transactionId": "c"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let r = results(&body);
+    assert_eq!(r.len(), 3);
+    for (i, (item, txn)) in r.iter().zip(["a", "b", "c"]).enumerate() {
+        assert_eq!(item["index"], i);
+        assert_eq!(item["status"], "queued");
+        assert_eq!(item["transactionId"], txn);
+        assert_eq!(item["transaction_id"], txn);
+        assert_eq!(item["queueName"], "orders");
+        assert_eq!(item["messageId"], item["message_id"]);
+        let id = uuid::Uuid::parse_str(item["messageId"].as_str().unwrap()).unwrap();
+        assert_eq!(id.get_version_num(), 7, "message ids are UUIDv7");
+        let pid = item["partitionId"].as_str().expect("partitionId is a string");
+        pid.parse::<i64>().expect("partitionId is a decimal integer");
+        assert!(item.get("error").is_none());
+    }
+    assert_eq!(r[0]["partitionId"], r[2]["partitionId"]);
+    assert_ne!(r[0]["partitionId"], r[1]["partitionId"]);
+
+    let sql = b.sql().await;
+    let p1 = stored_messages(&sql, "orders", "p1").await;
+    assert_eq!(p1.iter().map(|m| (m.offset, m.payload.as_str())).collect::<Vec<_>>(), [(0, r#"{"n":1}"#), (1, r#"{"n":3}"#)]);
+    assert_eq!(p1[0].message_id, r[0]["messageId"].as_str().unwrap());
+    let default = stored_messages(&sql, "orders", "Default").await;
+    assert_eq!(default.len(), 1, "an item without partition goes to Default");
+    assert_eq!(default[0].transaction_id, "b");
+}
+
+#[tokio::test]
+async fn payloads_are_stored_byte_for_byte_and_trace_ids_kept() {
+    let b = Broker::start().await;
+    let raw = r#"{"items":[{"queue":"raw","payload":{"z": 1,  "a" : [1.50, "é"]},"traceId":"0198f2c1-9a7b-7d20-8e31-4c5d6e7f8a90"},{"queue":"raw","payload":null},{"queue":"raw"}]}"#;
+    let (status, _) = b.post_raw("/api/v1/push", "application/json", raw.as_bytes().to_vec()).await;
+    assert_eq!(status, 201);
+    let stored = stored_messages(&b.sql().await, "raw", "Default").await;
+    assert_eq!(stored[0].payload, r#"{"z": 1,  "a" : [1.50, "é"]}"#);
+    assert_eq!(stored[0].trace_id.as_deref(), Some("0198f2c1-9a7b-7d20-8e31-4c5d6e7f8a90"));
+    assert_eq!(stored[1].payload, "null");
+    assert_eq!(stored[2].payload, "null");
+    assert_eq!(stored[1].trace_id, None);
+}
+
+#[tokio::test]
+async fn the_broker_mints_a_transaction_id_when_it_is_absent_or_empty() {
+    let b = Broker::start().await;
+    let (status, body) =
+        b.post("/api/v1/push", json!({"items": [{"queue": "q", "payload": 1}, {"queue": "q", "transactionId": ""}]})).await;
+    assert_eq!(status, 201);
+    let r = results(&body);
+    for item in r {
+        assert_eq!(item["status"], "queued");
+        assert_eq!(item["transactionId"], item["messageId"], "the minted id is the message id's text");
+    }
+    assert_ne!(r[0]["transactionId"], r[1]["transactionId"]);
+}
+
+#[tokio::test]
+async fn an_empty_items_array_answers_201_with_an_empty_array() {
+    let b = Broker::start().await;
+    let (status, body) = b.post("/api/v1/push", json!({"items": []})).await;
+    assert_eq!((status, body), (201, json!([])));
+}
+
+#[tokio::test]
+async fn inside_one_request_the_first_transaction_id_wins() {
+    let b = Broker::start().await;
+    let (status, body) = b
+        .post(
+            "/api/v1/push",
+            json!({"items": [
+                {"queue": "d", "payload": "first", "transactionId": "t"},
+                {"queue": "d", "payload": "other", "transactionId": "u"},
+                {"queue": "d", "payload": "second", "transactionId": "t"},
+                {"queue": "d", "partition": "elsewhere", "payload": "third", "transactionId": "t"},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let r = results(&body);
+    let statuses: Vec<&str> = r.iter().map(|i| i["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["queued", "queued", "duplicate", "queued"], "dedup is per (queue, partition)");
+    assert_eq!(r[2]["messageId"], r[0]["messageId"], "a duplicate carries the leader's id");
+    let stored = stored_messages(&b.sql().await, "d", "Default").await;
+    assert_eq!(stored.iter().map(|m| m.payload.as_str()).collect::<Vec<_>>(), [r#""first""#, r#""other""#]);
+}
+
+#[tokio::test]
+async fn a_repeat_across_requests_is_a_duplicate_with_the_original_id_and_writes_nothing() {
+    let b = Broker::start().await;
+    let (_, first) = b.post("/api/v1/push", json!({"items": [{"queue": "x", "payload": 1, "transactionId": "t1"}]})).await;
+    let (status, again) = b
+        .post(
+            "/api/v1/push",
+            json!({"items": [{"queue": "x", "payload": 2, "transactionId": "t1"}, {"queue": "x", "payload": 3, "transactionId": "t2"}]}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let r = results(&again);
+    assert_eq!(r[0]["status"], "duplicate");
+    assert_eq!(r[0]["messageId"], first[0]["messageId"]);
+    assert_eq!(r[0]["partitionId"], first[0]["partitionId"]);
+    assert_eq!(r[1]["status"], "queued");
+    let stored = stored_messages(&b.sql().await, "x", "Default").await;
+    assert_eq!(stored.iter().map(|m| (m.offset, m.payload.as_str())).collect::<Vec<_>>(), [(0, "1"), (1, "3")]);
+
+    // A push made only of duplicates writes no segment at all.
+    let (_, all_dup) = b.post("/api/v1/push", json!({"items": [{"queue": "x", "payload": 9, "transactionId": "t2"}]})).await;
+    assert_eq!(all_dup[0]["status"], "duplicate");
+    let sql = b.sql().await;
+    let segments: i64 = sql.query_one("SELECT count(*) FROM queen.segments", &[]).await.unwrap().get(0);
+    assert_eq!(segments, 2);
+    let last: i64 = sql.query_one("SELECT last_offset FROM queen.partitions", &[]).await.unwrap().get(0);
+    assert_eq!(last, 1);
+}
+
+#[tokio::test]
+async fn deduplication_ends_with_the_queues_window() {
+    let b = Broker::start().await;
+    let push = |payload: i32| json!({"items": [{"queue": "w", "payload": payload, "transactionId": "same"}]});
+    b.post("/api/v1/push", push(1)).await;
+    b.sql().await.execute("UPDATE queen.queues SET dedup_window_seconds = 1 WHERE name = 'w'", &[]).await.unwrap();
+    let (_, inside) = b.post("/api/v1/push", push(2)).await;
+    assert_eq!(inside[0]["status"], "duplicate");
+    // The window is the rule under test: let it pass.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (_, after) = b.post("/api/v1/push", push(3)).await;
+    assert_eq!(after[0]["status"], "queued");
+    let (_, again) = b.post("/api/v1/push", push(4)).await;
+    assert_eq!(again[0]["status"], "duplicate", "the re-pushed id opens a new window");
+    assert_eq!(again[0]["messageId"], after[0]["messageId"]);
+}
+
+#[tokio::test]
+async fn a_queue_with_a_zero_window_does_not_deduplicate_across_requests() {
+    let b = Broker::start().await;
+    let push = json!({"items": [{"queue": "z", "payload": 1, "transactionId": "same"}]});
+    b.post("/api/v1/push", push.clone()).await;
+    b.sql().await.execute("UPDATE queen.queues SET dedup_window_seconds = 0 WHERE name = 'z'", &[]).await.unwrap();
+    let (_, r) = b.post("/api/v1/push", push).await;
+    assert_eq!(r[0]["status"], "queued");
+    assert_eq!(stored_messages(&b.sql().await, "z", "Default").await.len(), 2);
+}
+
+#[tokio::test]
+async fn an_implicit_queue_gets_labels_from_its_dotted_name_and_a_60_second_lease() {
+    let b = Broker::start().await;
+    for q in ["billing.invoices.v2", "plain"] {
+        let (status, _) = b.post("/api/v1/push", json!({"items": [{"queue": q, "payload": 1}]})).await;
+        assert_eq!(status, 201);
+    }
+    let sql = b.sql().await;
+    let rows = sql.query("SELECT name, namespace, task, lease_time, dedup_window_seconds, dead_letter_queue FROM queen.queues ORDER BY name", &[]).await.unwrap();
+    let got: Vec<(String, String, String, i32, i32, bool)> =
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))).collect();
+    assert_eq!(
+        got,
+        [
+            ("billing.invoices.v2".into(), "billing".into(), "invoices".into(), 60, 3600, true),
+            ("plain".into(), "plain".into(), "".into(), 60, 3600, true),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn bad_push_bodies_answer_400_naming_the_item_and_field() {
+    let b = Broker::start().await;
+    let cases: Vec<(&str, &str)> = vec![
+        (r#"{"items":[{"queue":"q"},{"queue":7}]}"#, "items[1].queue"),
+        (r#"{"items":[{"payload":1}]}"#, "items[0].queue"),
+        (r#"{"items":[{"queue":"q","partition":5}]}"#, "items[0].partition"),
+        (r#"{"items":[{"queue":"q","transactionId":{}}]}"#, "items[0].transactionId"),
+        (r#"{"items":[{"queue":"q","traceId":"not-a-uuid"}]}"#, "items[0].traceId"),
+        (r#"{"items":"nope"}"#, "items"),
+        (r#"{"nothing":true}"#, "items"),
+        (r#"{"items":[{"queue":"q"}"#, "bad body"),
+        ("", "bad body"),
+    ];
+    for (body, field) in cases {
+        let (status, answer) = b.post_raw("/api/v1/push", "application/json", body.as_bytes().to_vec()).await;
+        assert_eq!(status, 400, "{body}");
+        let error = answer["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with(field), "{body}: {error}");
+    }
+    let long = "q".repeat(256);
+    let (status, answer) = b.post("/api/v1/push", json!({"items": [{"queue": long}]})).await;
+    assert_eq!(status, 400);
+    assert_eq!(answer["error"], "items[0].queue: longer than 255 bytes");
+    let (status, answer) = b.post_raw("/api/v1/push", "application/json", b"{\"items\":[{\"queue\":\"\xff\"}]}".to_vec()).await;
+    assert_eq!(status, 400);
+    assert!(answer["error"].as_str().unwrap().contains("UTF-8"));
+    // Nothing was written by any of them, and the broker still serves.
+    let count: i64 = b.sql().await.query_one("SELECT count(*) FROM queen.segments", &[]).await.unwrap().get(0);
+    assert_eq!(count, 0);
+    let (status, _) = b.post("/api/v1/push", json!({"items": [{"queue": "q"}]})).await;
+    assert_eq!(status, 201);
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_answers_413_json() {
+    let b = Broker::start_with(&[("QUEEN_MAX_BODY_BYTES", "2048")]).await;
+    let big = json!({"items": [{"queue": "q", "payload": "x".repeat(4000)}]});
+    let (status, body) = b.post("/api/v1/push", big).await;
+    assert_eq!(status, 413);
+    assert_eq!(body["error"], "request body larger than 2048 bytes");
+    let (status, _) = b.post("/api/v1/push", json!({"items": [{"queue": "q", "payload": "small"}]})).await;
+    assert_eq!(status, 201);
+}
+
+#[tokio::test]
+async fn fifty_concurrent_pushers_to_one_partition_get_gap_free_offsets_in_few_segments() {
+    let b = Broker::start().await;
+    const PUSHERS: usize = 50;
+    const EACH: usize = 20;
+    let mut tasks = Vec::new();
+    for p in 0..PUSHERS {
+        let http = b.http.clone();
+        let url = format!("{}/api/v1/push", b.url);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                let body = json!({"items": [{"queue": "hot", "payload": {"p": p, "i": i}, "transactionId": format!("{p}-{i}")}]});
+                let r = http.post(&url).json(&body).send().await.unwrap();
+                assert_eq!(r.status().as_u16(), 201);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let n = (PUSHERS * EACH) as i64;
+    let sql = b.sql().await;
+    let last: i64 = sql.query_one("SELECT last_offset FROM queen.partitions", &[]).await.unwrap().get(0);
+    assert_eq!(last, n - 1);
+    let segs = sql.query("SELECT base_offset, end_offset FROM queen.segments ORDER BY base_offset", &[]).await.unwrap();
+    let mut expect = 0i64;
+    for s in &segs {
+        assert_eq!(s.get::<_, i64>(0), expect, "segments are contiguous");
+        expect = s.get::<_, i64>(1) + 1;
+    }
+    assert_eq!(expect, n);
+    assert!((segs.len() as i64) < n / 2, "{} segments for {n} messages: pushes were not coalesced", segs.len());
+    let stored = stored_messages(&sql, "hot", "Default").await;
+    let offsets: Vec<i64> = stored.iter().map(|m| m.offset).collect();
+    assert_eq!(offsets, (0..n).collect::<Vec<_>>());
+    let txns: HashSet<&str> = stored.iter().map(|m| m.transaction_id.as_str()).collect();
+    assert_eq!(txns.len() as i64, n, "every message stored exactly once");
+    // Each partition's order is each pusher's order.
+    for p in 0..PUSHERS {
+        let mine: Vec<usize> = stored
+            .iter()
+            .filter(|m| m.transaction_id.starts_with(&format!("{p}-")))
+            .map(|m| m.transaction_id.split('-').nth(1).unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(mine, (0..EACH).collect::<Vec<_>>());
+    }
+    let idx: i64 = sql.query_one("SELECT count(DISTINCT msg_offset) FROM queen.txn_index", &[]).await.unwrap().get(0);
+    assert_eq!(idx, n, "one index entry per message");
+}
+
+#[tokio::test]
+async fn acknowledged_pushes_survive_a_broker_crash() {
+    let mut b = Broker::start().await;
+    let (status, body) = b
+        .post("/api/v1/push", json!({"items": [{"queue": "durable", "payload": "kept", "transactionId": "k1"}]}))
+        .await;
+    assert_eq!(status, 201);
+    b.restart().await; // kill -9, then start again
+    let (_, again) = b.post("/api/v1/push", json!({"items": [{"queue": "durable", "payload": "x", "transactionId": "k1"}, {"queue": "durable", "payload": "next", "transactionId": "k2"}]})).await;
+    assert_eq!(again[0]["status"], "duplicate");
+    assert_eq!(again[0]["messageId"], body[0]["messageId"]);
+    assert_eq!(again[1]["status"], "queued");
+    let stored = stored_messages(&b.sql().await, "durable", "Default").await;
+    assert_eq!(stored.iter().map(|m| (m.offset, m.payload.as_str())).collect::<Vec<_>>(), [(0, r#""kept""#), (1, r#""next""#)]);
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_commits_every_push_it_answered() {
+    let mut b = Broker::start_with(&[("QUEEN_V2_FUSION_HOLD_MS", "20")]).await;
+    let mut tasks = Vec::new();
+    for p in 0..20 {
+        let http = b.http.clone();
+        let url = format!("{}/api/v1/push", b.url);
+        tasks.push(tokio::spawn(async move {
+            let mut ok = Vec::new();
+            for i in 0..200 {
+                let txn = format!("{p}-{i}");
+                let body = json!({"items": [{"queue": "drain", "partition": format!("p{}", p % 4), "payload": i, "transactionId": txn}]});
+                match http.post(&url).json(&body).send().await {
+                    Ok(r) if r.status().as_u16() == 201 => ok.push(txn),
+                    _ => break,
+                }
+            }
+            ok
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let code = b.terminate().await;
+    assert_eq!(code, Some(0), "a graceful shutdown exits 0");
+    let mut answered = HashSet::new();
+    for t in tasks {
+        answered.extend(t.await.unwrap());
+    }
+    assert!(!answered.is_empty());
+    let sql = b.sql().await;
+    let mut stored = HashSet::new();
+    for p in 0..4 {
+        for m in stored_messages(&sql, "drain", &format!("p{p}")).await {
+            stored.insert(m.transaction_id);
+        }
+    }
+    let lost: Vec<_> = answered.difference(&stored).collect();
+    assert!(lost.is_empty(), "answered 201 but not stored: {lost:?}");
+}
+
+#[tokio::test]
+async fn unknown_api_routes_answer_json_404() {
+    let b = Broker::start().await;
+    let (status, body) = b.get("/api/v1/nothing-here").await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"], "no such route: GET /api/v1/nothing-here");
+    let (status, body) = b.get("/api/v1/push").await;
+    assert_eq!(status, 405);
+    assert_eq!(body["error"], "method not allowed");
+}
