@@ -150,7 +150,7 @@ impl Config {
             log_filter: env.string(&["LOG_LEVEL", "RUST_LOG"], "info"),
             log_json: env.boolean(&["QUEEN_LOG_JSON"], false)?,
             coalesce: CoalesceConfig {
-                hold: ms(&["QUEEN_V2_FUSION_HOLD_MS"], 2, 0)?,
+                hold: ms(&["QUEEN_V2_FUSION_HOLD_MS"], 0, 0)?,
                 max_frames: env.parse(&["QUEEN_V2_FUSION_FRAMES"], 500usize, "a frame count of at least 1", |v| {
                     *v >= 1
                 })?,
@@ -183,7 +183,7 @@ impl Config {
         ("QUEEN_APPLY_SCHEMA", "true", "apply pending migrations at boot"),
         ("LOG_LEVEL (or RUST_LOG)", "info", "log filter (tracing EnvFilter syntax)"),
         ("QUEEN_LOG_JSON", "false", "log as JSON lines"),
-        ("QUEEN_V2_FUSION_HOLD_MS", "2", "ms an idle partition's first write waits for more"),
+        ("QUEEN_V2_FUSION_HOLD_MS", "0", "ms an idle partition's first write waits for company (0: batch only what piles up behind an in-flight write)"),
         ("QUEEN_V2_FUSION_FRAMES", "500", "most messages in one coalesced segment"),
         ("QUEEN_V2_FUSION_BYTES", "4194304", "most uncompressed bytes in one coalesced segment"),
         ("QUEEN_V2_ZSTD_LEVEL", "3", "zstd level of segment compression"),

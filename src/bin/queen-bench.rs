@@ -1,1 +1,122 @@
-fn main(){}
+//! `queen-bench`: load generator for a running broker.
+//!
+//! Scenarios grow with the broker; today: `push` (producers only). Each run
+//! prints a human table and one JSON line (`{"scenario":…}`) for scripts.
+//! Every loop is bounded by a duration; only the given URL is contacted.
+
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(name = "queen-bench", about = "Load generator for a Queen broker")]
+struct Cli {
+    /// Broker base URL
+    #[arg(long, default_value = "http://127.0.0.1:6632", global = true)]
+    url: String,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Producers only: concurrent clients pushing batches round-robin over partitions
+    Push {
+        /// Messages per request
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        /// Partitions of the queue
+        #[arg(long, default_value_t = 10)]
+        partitions: usize,
+        /// Concurrent clients (each with its own keep-alive connection)
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+        /// Seconds to run
+        #[arg(long, default_value_t = 20)]
+        duration: u64,
+        /// Payload size in bytes (a JSON string of this length)
+        #[arg(long, default_value_t = 100)]
+        payload_size: usize,
+        /// Queue name (default: a fresh one per run)
+        #[arg(long)]
+        queue: Option<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    match cli.scenario {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue } => {
+            let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
+            push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size)
+                .await
+        }
+    }
+}
+
+async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurrency: usize, duration: Duration, payload_size: usize) {
+    let payload = "x".repeat(payload_size.saturating_sub(2));
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for c in 0..concurrency {
+        let client = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("http client builds");
+        let endpoint = format!("{url}/api/v1/push");
+        let queue = queue.to_string();
+        let payload = payload.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let (mut sent, mut errors) = (0u64, 0u64);
+            let mut round = c;
+            while Instant::now() < deadline {
+                let partition = format!("p{}", round % partitions);
+                round += 1;
+                let items: Vec<_> =
+                    (0..batch).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
+                let body = serde_json::to_vec(&json!({ "items": items })).expect("serializable");
+                let t = Instant::now();
+                let r = client.post(&endpoint).header("content-type", "application/json").body(body).send().await;
+                match r {
+                    Ok(r) if r.status().as_u16() == 201 => {
+                        let _ = r.bytes().await;
+                        sent += batch as u64;
+                        latencies.push(t.elapsed());
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (sent, errors, latencies)
+        }));
+    }
+    let (mut sent, mut errors, mut latencies) = (0u64, 0u64, Vec::new());
+    for t in tasks {
+        let (s, e, l) = t.await.expect("worker does not panic");
+        sent += s;
+        errors += e;
+        latencies.extend(l);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    latencies.sort();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    let rate = sent as f64 / secs;
+    println!("scenario  batch  partitions  concurrency  payload  seconds  messages   msg/s      req p50 ms  req p99 ms  errors");
+    println!(
+        "push      {batch:<6} {partitions:<11} {concurrency:<12} {payload_size:<8} {secs:<8.1} {sent:<10} {rate:<10.0} {:<11.2} {:<11.2} {errors}",
+        pct(0.5),
+        pct(0.99)
+    );
+    println!(
+        "{}",
+        json!({"scenario": "push", "batch": batch, "partitions": partitions, "concurrency": concurrency,
+               "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
+               "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors})
+    );
+}
