@@ -13,7 +13,9 @@ use crate::config::{Config, Database};
 use crate::db;
 use crate::embedded_pg::EmbeddedCluster;
 use crate::http::{router, AppState};
+use crate::pop::PopService;
 use crate::push::Coalescer;
+use tokio::sync::broadcast;
 
 /// A boot failure: printed as one line, exit code 1.
 #[derive(Debug, thiserror::Error)]
@@ -121,11 +123,23 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| BootError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(BootError::Serve)?;
     let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone());
-    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone() };
+    let pop = PopService::new(store.pool.clone(), config.pop.clone(), config.pool_size, config.pool_wait);
+    let (stop_services, _) = broadcast::channel(1);
+    pop.wake.spawn_ticker(stop_services.subscribe());
+    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone() };
     tracing::info!(%local, "listening on http://{local}");
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown_signal()).await.map_err(BootError::Serve)?;
+    let signal = {
+        let pop = pop.clone();
+        async move {
+            shutdown_signal().await;
+            // Parked long-polls answer now, so in-flight requests finish promptly.
+            pop.close();
+        }
+    };
+    axum::serve(listener, router(state)).with_graceful_shutdown(signal).await.map_err(BootError::Serve)?;
     tracing::info!("HTTP server stopped; flushing pending writes");
     coalescer.drain(Duration::from_secs(30)).await;
+    let _ = stop_services.send(());
     Ok(())
 }
 

@@ -33,6 +33,43 @@ pub struct CoalesceConfig {
     pub zstd_level: i32,
 }
 
+/// Where a named group starts when its first pop names no subscription mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscriptionMode {
+    /// The whole retained backlog.
+    All,
+    /// Only what is pushed from now on.
+    New,
+}
+
+impl SubscriptionMode {
+    /// `all`, or `new` with its aliases `new-only` and `new_only`.
+    pub fn parse(s: &str) -> Option<SubscriptionMode> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "all" | "" => Some(SubscriptionMode::All),
+            "new" | "new-only" | "new_only" => Some(SubscriptionMode::New),
+            _ => None,
+        }
+    }
+}
+
+/// The pop path's settings (API.md §5.2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PopConfig {
+    /// `timeout` of a pop that sends none.
+    pub default_timeout: Duration,
+    /// Long-poll re-check schedule.
+    pub wait_initial: Duration,
+    pub backoff_threshold: u32,
+    pub backoff_multiplier: f64,
+    pub wait_max: Duration,
+    pub default_subscription_mode: SubscriptionMode,
+    /// The broker-side candidate ring; off = the SQL candidate scan.
+    pub hotlist: bool,
+    /// How often a ring is reseeded from SQL.
+    pub hotlist_reseed: Duration,
+}
+
 /// The whole configuration of one broker process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -48,6 +85,7 @@ pub struct Config {
     pub log_filter: String,
     pub log_json: bool,
     pub coalesce: CoalesceConfig,
+    pub pop: PopConfig,
 }
 
 /// A variable that does not parse.
@@ -161,6 +199,22 @@ impl Config {
                     (1..=19).contains(v)
                 })?,
             },
+            pop: PopConfig {
+                default_timeout: ms(&["DEFAULT_TIMEOUT", "POP_DEFAULT_TIMEOUT_MS"], 30_000, 0)?,
+                wait_initial: ms(&["POP_WAIT_INITIAL_INTERVAL_MS"], 100, 1)?,
+                backoff_threshold: env.parse(&["POP_WAIT_BACKOFF_THRESHOLD"], 3u32, "a whole number", |_| true)?,
+                backoff_multiplier: env.parse(&["POP_WAIT_BACKOFF_MULTIPLIER"], 2.0f64, "a number of at least 1", |v| {
+                    *v >= 1.0 && v.is_finite()
+                })?,
+                wait_max: ms(&["POP_WAIT_MAX_INTERVAL_MS"], 1000, 1)?,
+                default_subscription_mode: match env.get(&["DEFAULT_SUBSCRIPTION_MODE"]) {
+                    None => SubscriptionMode::All,
+                    Some((var, value)) => SubscriptionMode::parse(&value)
+                        .ok_or(ConfigError { var, value, expected: "all or new (new-only, new_only)" })?,
+                },
+                hotlist: env.boolean(&["QUEEN_HOTLIST"], true)?,
+                hotlist_reseed: ms(&["QUEEN_HOTLIST_RESEED_MS"], 30_000, 100)?,
+            },
         })
     }
 
@@ -187,6 +241,14 @@ impl Config {
         ("QUEEN_V2_FUSION_FRAMES", "500", "most messages in one coalesced segment"),
         ("QUEEN_V2_FUSION_BYTES", "4194304", "most uncompressed bytes in one coalesced segment"),
         ("QUEEN_V2_ZSTD_LEVEL", "3", "zstd level of segment compression"),
+        ("DEFAULT_TIMEOUT (fallback POP_DEFAULT_TIMEOUT_MS)", "30000", "long-poll timeout in ms of a pop that sends none"),
+        ("POP_WAIT_INITIAL_INTERVAL_MS", "100", "first long-poll re-check interval"),
+        ("POP_WAIT_BACKOFF_THRESHOLD", "3", "re-checks at the initial interval before backing off"),
+        ("POP_WAIT_BACKOFF_MULTIPLIER", "2.0", "backoff growth: initial x attempt x multiplier"),
+        ("POP_WAIT_MAX_INTERVAL_MS", "1000", "longest long-poll re-check interval"),
+        ("DEFAULT_SUBSCRIPTION_MODE", "all", "where a named group starts when its first pop names no mode (all or new)"),
+        ("QUEEN_HOTLIST", "true", "broker-side candidate ring; false = SQL candidate scan"),
+        ("QUEEN_HOTLIST_RESEED_MS", "30000", "how often a candidate ring is reseeded from SQL"),
     ];
 
     /// The variable table as text, for `--help`.
@@ -219,6 +281,25 @@ mod tests {
         assert_eq!(c.statement_timeout, Duration::from_millis(30_000));
         assert!(c.apply_schema);
         assert_eq!(c.pool_size, 160);
+        assert_eq!(c.pop.default_timeout, Duration::from_millis(30_000));
+        assert_eq!(c.pop.default_subscription_mode, SubscriptionMode::All);
+        assert!(c.pop.hotlist);
+    }
+
+    #[test]
+    fn default_timeout_wins_over_the_pop_specific_name() {
+        let c = parse(&[("POP_DEFAULT_TIMEOUT_MS", "5000")]).unwrap();
+        assert_eq!(c.pop.default_timeout, Duration::from_millis(5000));
+        let c = parse(&[("POP_DEFAULT_TIMEOUT_MS", "5000"), ("DEFAULT_TIMEOUT", "7000")]).unwrap();
+        assert_eq!(c.pop.default_timeout, Duration::from_millis(7000));
+    }
+
+    #[test]
+    fn the_default_subscription_mode_takes_the_aliases() {
+        for v in ["new", "new-only", "NEW_ONLY"] {
+            assert_eq!(parse(&[("DEFAULT_SUBSCRIPTION_MODE", v)]).unwrap().pop.default_subscription_mode, SubscriptionMode::New);
+        }
+        assert_eq!(parse(&[("DEFAULT_SUBSCRIPTION_MODE", "latest")]).unwrap_err().var, "DEFAULT_SUBSCRIPTION_MODE");
     }
 
     #[test]

@@ -12,5 +12,6 @@ pub mod db;
 pub mod embedded_pg;
 pub mod http;
 pub mod log;
+pub mod pop;
 pub mod push;
 pub mod telemetry;

@@ -28,6 +28,7 @@ macro_rules! migration {
 pub const MIGRATIONS: &[Migration] = &[
     migration!(1, "0001_log_schema.sql"),
     migration!(2, "0002_push.sql"),
+    migration!(3, "0003_pop.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

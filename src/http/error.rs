@@ -49,6 +49,16 @@ impl From<&crate::push::PushError> for ApiError {
     }
 }
 
+impl From<crate::pop::PopError> for ApiError {
+    fn from(e: crate::pop::PopError) -> Self {
+        match e {
+            crate::pop::PopError::Pool => ApiError::Pool,
+            crate::pop::PopError::Timeout => ApiError::Internal("pop failed".into()),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status().is_server_error() {

@@ -5,7 +5,9 @@
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod pop;
 pub mod push;
+pub mod system;
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use axum::Router;
 use deadpool_postgres::Pool;
 
 use crate::config::Config;
+use crate::pop::PopService;
 use crate::push::Coalescer;
 use error::ApiError;
 
@@ -24,6 +27,7 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub pool: Pool,
     pub coalescer: Coalescer,
+    pub pop: Arc<PopService>,
 }
 
 /// The whole route table.
@@ -31,6 +35,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health::health))
         .route("/api/v1/push", post(push::push))
+        .route("/api/v1/pop", get(pop::pop_discovery))
+        .route("/api/v1/pop/queue/{queue}", get(pop::pop_queue))
+        .route("/api/v1/pop/queue/{queue}/partition/{partition}", get(pop::pop_partition))
+        .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -59,6 +59,19 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Body)
         return Ok((StatusCode::CREATED, Json(Vec::<PushAnswer>::new())).into_response());
     }
     let results = push::push_items(&state.coalescer, items).await.map_err(|e| ApiError::from(&*e))?;
+    notify_consumers(&state, &results);
     let answer: Vec<PushAnswer> = results.iter().map(PushAnswer::from).collect();
     Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// Tells the pop side which partitions just received data (once each).
+fn notify_consumers(state: &AppState, results: &[ItemResult]) {
+    let mut seen = std::collections::HashSet::new();
+    for r in results {
+        if let Outcome::Queued { partition_id, .. } = r.outcome {
+            if seen.insert(partition_id) {
+                state.pop.pushed(&r.queue, partition_id, &r.partition);
+            }
+        }
+    }
 }

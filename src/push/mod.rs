@@ -21,6 +21,7 @@ use crate::log::Frame;
 pub struct ItemResult {
     pub index: usize,
     pub queue: String,
+    pub partition: String,
     pub transaction_id: String,
     pub outcome: Outcome,
 }
@@ -124,6 +125,7 @@ pub async fn push_items(coalescer: &Coalescer, items: Vec<PushItem<'_>>) -> Resu
         .map(|(index, ((item, transaction_id), o))| ItemResult {
             index,
             queue: item.queue,
+            partition: item.partition,
             transaction_id,
             outcome: o.expect("every item has an outcome"),
         })

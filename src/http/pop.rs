@@ -1,0 +1,69 @@
+//! The three pop routes (API.md §2.2). Parse, hand to the pop path, render:
+//! 200 with the JSON answer, or 204 with no body at all.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::pop::{PopError, PopParams, Route};
+
+fn query_pairs(raw: Option<String>) -> Result<Vec<(String, String)>, ApiError> {
+    serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
+        .map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))
+}
+
+async fn serve(state: &AppState, route: Route, pairs: &[(String, String)]) -> Result<Response, ApiError> {
+    let params = PopParams::parse(pairs, state.pop.config()).map_err(ApiError::BadRequest)?;
+    match state.pop.pop(&route, &params).await {
+        Ok(Some(body)) => Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response()),
+        Ok(None) => Ok(StatusCode::NO_CONTENT.into_response()),
+        // A stored-procedure error answers a bare 204, as the seed says; the
+        // operator still gets the text in the log.
+        Err(PopError::Database(e)) => {
+            tracing::warn!(error = %e, "pop failed in PostgreSQL; answering 204");
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+    crate::push::validate::check_name(name).map_err(|p| ApiError::BadRequest(format!("{what}: {p}")))
+}
+
+pub async fn pop_queue(
+    State(state): State<AppState>,
+    Path(queue): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    check_name("queue", &queue)?;
+    serve(&state, Route::Wildcard { queue }, &query_pairs(q)?).await
+}
+
+pub async fn pop_partition(
+    State(state): State<AppState>,
+    Path((queue, partition)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    check_name("queue", &queue)?;
+    check_name("partition", &partition)?;
+    serve(&state, Route::Specific { queue, partition }, &query_pairs(q)?).await
+}
+
+pub async fn pop_discovery(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let pairs = query_pairs(q)?;
+    let label = |k: &str| pairs.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+    let (namespace, task) = (label("namespace"), label("task"));
+    if namespace.is_none() && task.is_none() {
+        return Ok((
+            StatusCode::BAD_REQUEST,
+            Json(json!({"success": false, "error": "namespace or task is required", "messages": []})),
+        )
+            .into_response());
+    }
+    serve(&state, Route::Discovery { namespace, task }, &pairs).await
+}

@@ -1,0 +1,180 @@
+//! The claim's round trip: one call to a stored function per pop attempt,
+//! and the assembly of its rows into claimed partitions and verdicts.
+//! PostgreSQL returns whole segments and slicing bounds; decompressing and
+//! slicing happen afterwards, in `render`.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use super::hotlist::Verdict;
+use super::params::{PopParams, Route};
+
+/// A slice of one stored segment to deliver: frames [start_idx, start_idx + take).
+#[derive(Debug, Clone)]
+pub struct SegmentSlice {
+    pub base_offset: i64,
+    pub start_idx: usize,
+    pub take: usize,
+    pub created_at: DateTime<Utc>,
+    pub blob: Vec<u8>,
+}
+
+/// Everything one call took from one partition.
+#[derive(Debug, Clone)]
+pub struct ClaimedPartition {
+    pub partition_id: i64,
+    pub partition: String,
+    pub queue: String,
+    pub first: i64,
+    pub last: i64,
+    pub attempt: i32,
+    pub segments: Vec<SegmentSlice>,
+}
+
+/// The outcome of one round trip.
+#[derive(Debug, Default)]
+pub struct ClaimResult {
+    pub claimed: Vec<ClaimedPartition>,
+    pub verdicts: HashMap<i64, Verdict>,
+}
+
+const LIST_SQL: &str = "SELECT * FROM queen.pop_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const WILDCARD_SQL: &str = "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const DISCOVER_SQL: &str = "SELECT * FROM queen.pop_discover_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+const SPECIFIC_SQL: &str = "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
+const PENDING_SQL: &str =
+    "SELECT queen.has_pending_v1(q.id, $2) FROM queen.queues q WHERE q.name = $1";
+
+/// The SQL-path claim of a route (candidate selection inside PostgreSQL).
+pub async fn claim_route(
+    client: &deadpool_postgres::Client,
+    route: &Route,
+    p: &PopParams,
+    worker: &str,
+) -> Result<ClaimResult, tokio_postgres::Error> {
+    let lease = p.lease_seconds;
+    let mode = p.intent_mode;
+    let from = p.intent_from;
+    let rows = match route {
+        Route::Wildcard { queue } => {
+            let cap = p.scan_candidates();
+            let args: [&(dyn ToSql + Sync); 10] =
+                [queue, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &p.partitions, &mode, &from, &cap];
+            query(client, WILDCARD_SQL, &args).await?
+        }
+        Route::Specific { queue, partition } => {
+            let args: [&(dyn ToSql + Sync); 9] =
+                [queue, partition, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &mode, &from];
+            query(client, SPECIFIC_SQL, &args).await?
+        }
+        Route::Discovery { namespace, task } => {
+            let cap = p.scan_candidates();
+            let args: [&(dyn ToSql + Sync); 11] =
+                [namespace, task, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &p.partitions, &mode, &from, &cap];
+            query(client, DISCOVER_SQL, &args).await?
+        }
+    };
+    Ok(assemble(rows))
+}
+
+/// The hot-list claim: the broker chose the candidates.
+pub async fn claim_candidates(
+    client: &deadpool_postgres::Client,
+    pids: &[i64],
+    p: &PopParams,
+    worker: &str,
+) -> Result<ClaimResult, tokio_postgres::Error> {
+    let args: [&(dyn ToSql + Sync); 9] = [
+        &pids,
+        &p.group,
+        &worker,
+        &p.lease_seconds,
+        &p.auto_ack,
+        &p.batch,
+        &p.partitions,
+        &p.intent_mode,
+        &p.intent_from,
+    ];
+    Ok(assemble(query(client, LIST_SQL, &args).await?))
+}
+
+/// Partitions of `queue` with pending data for `group` (the ring's reseed).
+pub async fn pending_partitions(
+    client: &deadpool_postgres::Client,
+    queue: &str,
+    group: &str,
+) -> Result<Vec<(i64, String)>, tokio_postgres::Error> {
+    let rows = query(client, RESEED_SQL, &[&queue, &group]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// The cheap probe of the SQL path: `Some(false)` = definitively nothing to
+/// deliver; `None` = the queue does not exist yet (the pop must provision it).
+pub async fn has_pending(
+    client: &deadpool_postgres::Client,
+    queue: &str,
+    group: &str,
+) -> Result<Option<bool>, tokio_postgres::Error> {
+    let rows = query(client, PENDING_SQL, &[&queue, &group]).await?;
+    Ok(rows.first().map(|r| r.get(0)))
+}
+
+async fn query(
+    client: &deadpool_postgres::Client,
+    sql: &str,
+    args: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let stmt = client.prepare_cached(sql).await?;
+    client.query(&stmt, args).await
+}
+
+fn assemble(rows: Vec<Row>) -> ClaimResult {
+    let mut result = ClaimResult::default();
+    let mut open: HashMap<i64, usize> = HashMap::new();
+    for row in rows {
+        let pid: i64 = row.get("o_partition_id");
+        let kind: &str = row.get("o_kind");
+        let verdict = match kind {
+            "segment" => {
+                let i = *open.entry(pid).or_insert_with(|| {
+                    result.claimed.push(ClaimedPartition {
+                        partition_id: pid,
+                        partition: row.get("o_partition"),
+                        queue: row.get("o_queue"),
+                        first: 0,
+                        last: -1,
+                        attempt: 1,
+                        segments: Vec::new(),
+                    });
+                    result.claimed.len() - 1
+                });
+                result.claimed[i].segments.push(SegmentSlice {
+                    base_offset: row.get("o_base_offset"),
+                    start_idx: row.get::<_, i32>("o_start_idx") as usize,
+                    take: row.get::<_, i32>("o_take") as usize,
+                    created_at: row.get("o_created_at"),
+                    blob: row.get("o_blob"),
+                });
+                continue;
+            }
+            "claimed" => {
+                if let Some(&i) = open.get(&pid) {
+                    let c = &mut result.claimed[i];
+                    c.first = row.get("o_first");
+                    c.last = row.get("o_last");
+                    c.attempt = row.get("o_attempt");
+                }
+                Verdict::Claimed
+            }
+            "busy" => Verdict::Busy,
+            "deferred" => Verdict::Deferred,
+            _ => Verdict::Empty,
+        };
+        result.verdicts.insert(pid, verdict);
+    }
+    result
+}

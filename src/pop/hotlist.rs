@@ -1,0 +1,293 @@
+//! The hot-list: per (queue, group), a ring of partitions believed to have
+//! pending data, so a pop asks PostgreSQL only about those.
+//!
+//! Pushes feed it; each pop checks candidates out, and settles each with the
+//! claim's verdict: delivered, leased by someone else, or deferred go back to
+//! the tail (they may have more, or redeliver when a lease expires), empty
+//! ones leave, unvisited ones go back to the head. A push that lands on a
+//! checked-out partition marks it dirty, so a stale "empty" verdict cannot
+//! strand it. A periodic reseed from SQL catches what the ring cannot see
+//! (pushes through other brokers). Checked-out candidates a dropped pop never
+//! settled are put back by the guard's `Drop`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the claim said about one candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Claimed,
+    Busy,
+    Deferred,
+    Empty,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Member {
+    Ready,
+    Out { dirty: bool },
+}
+
+struct Ring {
+    ready: VecDeque<(i64, Arc<str>)>,
+    members: HashMap<i64, Member>,
+    last_reseed: Option<Instant>,
+}
+
+/// What a pop should do, decided before any permit or connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// First pop of this (queue, group) here: take the SQL path.
+    NoRing,
+    /// Nothing believed pending and no reseed due: answer empty at once.
+    NothingReady,
+    /// Ask PostgreSQL; reseed the ring first if due.
+    Claim { reseed: bool },
+}
+
+type Rings = HashMap<String, HashMap<String, Ring>>;
+
+pub struct HotList {
+    rings: Mutex<Rings>,
+    reseed_every: Duration,
+}
+
+impl HotList {
+    pub fn new(reseed_every: Duration) -> Arc<HotList> {
+        Arc::new(HotList { rings: Mutex::new(HashMap::new()), reseed_every })
+    }
+
+    fn with_ring<T>(&self, queue: &str, group: &str, f: impl FnOnce(&mut Ring) -> T) -> Option<T> {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        rings.get_mut(queue).and_then(|g| g.get_mut(group)).map(f)
+    }
+
+    pub fn plan(&self, queue: &str, group: &str) -> Plan {
+        self.with_ring(queue, group, |r| {
+            let reseed = r.last_reseed.is_none_or(|t| t.elapsed() >= self.reseed_every);
+            if reseed {
+                Plan::Claim { reseed: true }
+            } else if r.ready.is_empty() {
+                Plan::NothingReady
+            } else {
+                Plan::Claim { reseed: false }
+            }
+        })
+        .unwrap_or(Plan::NoRing)
+    }
+
+    /// Creates the ring after the first SQL pop; its first reseed is due now.
+    pub fn create(&self, queue: &str, group: &str) {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        rings.entry(queue.to_string()).or_default().entry(group.to_string()).or_insert_with(|| Ring {
+            ready: VecDeque::new(),
+            members: HashMap::new(),
+            last_reseed: None,
+        });
+    }
+
+    /// Forgets a queue's rings (the queue was deleted or its groups reset).
+    pub fn forget(&self, queue: &str) {
+        self.rings.lock().expect("hot-list lock poisoned").remove(queue);
+    }
+
+    /// A push committed to partition `pid` of `queue`: every group's ring learns it.
+    pub fn pushed(&self, queue: &str, pid: i64, partition: &str) {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        if let Some(groups) = rings.get_mut(queue) {
+            let name: Arc<str> = Arc::from(partition);
+            for ring in groups.values_mut() {
+                ring.offer(pid, &name);
+            }
+        }
+    }
+
+    /// Adds every partition SQL says has pending data.
+    pub fn reseed(&self, queue: &str, group: &str, pending: Vec<(i64, String)>) {
+        self.with_ring(queue, group, |r| {
+            for (pid, name) in pending {
+                r.offer(pid, &Arc::from(name.as_str()));
+            }
+            r.last_reseed = Some(Instant::now());
+        });
+    }
+
+    /// Takes up to `k` ready candidates out of the ring.
+    pub fn checkout(self: &Arc<Self>, queue: &str, group: &str, k: usize) -> Checkout {
+        let taken = self
+            .with_ring(queue, group, |r| {
+                let n = k.min(r.ready.len());
+                let taken: Vec<(i64, Arc<str>)> = r.ready.drain(..n).collect();
+                for (pid, _) in &taken {
+                    r.members.insert(*pid, Member::Out { dirty: false });
+                }
+                taken
+            })
+            .unwrap_or_default();
+        Checkout {
+            list: self.clone(),
+            queue: queue.to_string(),
+            group: group.to_string(),
+            candidates: taken,
+            settled: HashSet::new(),
+        }
+    }
+
+    fn settle(&self, queue: &str, group: &str, pid: i64, name: &Arc<str>, verdict: Option<Verdict>) {
+        self.with_ring(queue, group, |r| {
+            let dirty = matches!(r.members.get(&pid), Some(Member::Out { dirty: true }));
+            match verdict {
+                Some(Verdict::Empty) if !dirty => {
+                    r.members.remove(&pid);
+                }
+                Some(_) => {
+                    r.members.insert(pid, Member::Ready);
+                    r.ready.push_back((pid, name.clone()));
+                }
+                None => {
+                    r.members.insert(pid, Member::Ready);
+                    r.ready.push_front((pid, name.clone()));
+                }
+            }
+        });
+    }
+
+    /// Ready candidates of a ring (tests and metrics).
+    pub fn ready_len(&self, queue: &str, group: &str) -> usize {
+        self.with_ring(queue, group, |r| r.ready.len()).unwrap_or(0)
+    }
+}
+
+impl Ring {
+    fn offer(&mut self, pid: i64, name: &Arc<str>) {
+        match self.members.get_mut(&pid) {
+            None => {
+                self.members.insert(pid, Member::Ready);
+                self.ready.push_back((pid, name.clone()));
+            }
+            Some(Member::Out { dirty }) => *dirty = true,
+            Some(Member::Ready) => {}
+        }
+    }
+}
+
+/// Candidates checked out by one pop. Whatever is not settled when this is
+/// dropped (the client went away mid-pop) goes back to the head of the ring.
+pub struct Checkout {
+    list: Arc<HotList>,
+    queue: String,
+    group: String,
+    candidates: Vec<(i64, Arc<str>)>,
+    settled: HashSet<i64>,
+}
+
+impl Checkout {
+    pub fn pids(&self) -> Vec<i64> {
+        self.candidates.iter().map(|(p, _)| *p).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.candidates.is_empty()
+    }
+
+    /// Records the claim's verdicts; candidates without one were not visited.
+    pub fn settle(mut self, verdicts: &HashMap<i64, Verdict>) {
+        let candidates = std::mem::take(&mut self.candidates);
+        for (pid, name) in &candidates {
+            if let Some(v) = verdicts.get(pid) {
+                self.list.settle(&self.queue, &self.group, *pid, name, Some(*v));
+                self.settled.insert(*pid);
+            }
+        }
+        // Unvisited ones go back to the head in their original order.
+        self.candidates = candidates;
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        for (pid, name) in std::mem::take(&mut self.candidates).into_iter().rev() {
+            if !self.settled.contains(&pid) {
+                self.list.settle(&self.queue, &self.group, pid, &name, None);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list() -> Arc<HotList> {
+        let l = HotList::new(Duration::from_secs(3600));
+        l.create("q", "g");
+        l.reseed("q", "g", vec![]);
+        l
+    }
+
+    #[test]
+    fn without_a_ring_the_pop_takes_the_sql_path() {
+        assert_eq!(HotList::new(Duration::from_secs(1)).plan("q", "g"), Plan::NoRing);
+    }
+
+    #[test]
+    fn a_new_ring_is_reseeded_first_and_an_empty_one_answers_without_sql() {
+        let l = HotList::new(Duration::from_secs(3600));
+        l.create("q", "g");
+        assert_eq!(l.plan("q", "g"), Plan::Claim { reseed: true });
+        l.reseed("q", "g", vec![]);
+        assert_eq!(l.plan("q", "g"), Plan::NothingReady);
+    }
+
+    #[test]
+    fn pushes_feed_every_group_of_the_queue_once() {
+        let l = list();
+        l.create("q", "h");
+        l.pushed("q", 1, "p1");
+        l.pushed("q", 1, "p1");
+        l.pushed("other", 2, "p2");
+        assert_eq!(l.ready_len("q", "g"), 1);
+        assert_eq!(l.ready_len("q", "h"), 1);
+        assert_eq!(l.plan("q", "g"), Plan::Claim { reseed: false });
+    }
+
+    #[test]
+    fn verdicts_decide_who_stays() {
+        let l = list();
+        for p in 1..=4 {
+            l.pushed("q", p, "p");
+        }
+        let c = l.checkout("q", "g", 3);
+        assert_eq!(c.pids(), [1, 2, 3]);
+        let verdicts = HashMap::from([(1, Verdict::Claimed), (2, Verdict::Empty)]);
+        c.settle(&verdicts);
+        // 3 was not visited: back at the head; 1 at the tail; 2 gone.
+        let c = l.checkout("q", "g", 10);
+        assert_eq!(c.pids(), [3, 4, 1]);
+    }
+
+    #[test]
+    fn a_push_during_checkout_survives_an_empty_verdict() {
+        let l = list();
+        l.pushed("q", 7, "p");
+        let c = l.checkout("q", "g", 1);
+        l.pushed("q", 7, "p");
+        c.settle(&HashMap::from([(7, Verdict::Empty)]));
+        assert_eq!(l.ready_len("q", "g"), 1);
+    }
+
+    #[test]
+    fn a_dropped_checkout_puts_its_candidates_back() {
+        let l = list();
+        l.pushed("q", 1, "p");
+        l.pushed("q", 2, "p");
+        {
+            let c = l.checkout("q", "g", 2);
+            assert_eq!(l.ready_len("q", "g"), 0);
+            drop(c);
+        }
+        assert_eq!(l.ready_len("q", "g"), 2);
+        assert_eq!(l.checkout("q", "g", 1).pids(), [1], "in their original order");
+    }
+}

@@ -1,0 +1,210 @@
+//! The pop path (seeds/life-of-a-pop.md): candidate selection, the claim in
+//! PostgreSQL, rendering, and the long-poll wait.
+//!
+//! The ordering is deliberate. A hot-list pop first asks the in-memory ring
+//! whether anything is believed pending, and answers empty without taking a
+//! permit or a pooled connection when nothing is. Only real work takes a
+//! permit (a semaphore that keeps pops from exhausting the pool) and a
+//! connection, for exactly one round trip. A long-poll releases both before
+//! it parks on the queue's wake gate.
+
+pub mod claim;
+pub mod hotlist;
+pub mod params;
+pub mod render;
+pub mod wake;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::config::PopConfig;
+use claim::ClaimResult;
+use hotlist::{HotList, Plan};
+pub use params::{PopParams, Route, QUEUE_MODE};
+use wake::WakeGates;
+
+/// Why a pop failed (an empty pop is not a failure).
+#[derive(Debug, thiserror::Error)]
+pub enum PopError {
+    /// No permit or connection in time.
+    #[error("pool")]
+    Pool,
+    /// The statement timed out and was cancelled server-side.
+    #[error("pop failed")]
+    Timeout,
+    /// Any other database error: the seed answers 204 and discards the text.
+    #[error("pop error: {0}")]
+    Database(tokio_postgres::Error),
+    #[error(transparent)]
+    Corrupt(#[from] render::CorruptSegment),
+}
+
+impl From<tokio_postgres::Error> for PopError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
+            PopError::Timeout
+        } else {
+            PopError::Database(e)
+        }
+    }
+}
+
+/// The pop side of the broker: shared by every pop request.
+pub struct PopService {
+    pool: Pool,
+    cfg: PopConfig,
+    pool_wait: Duration,
+    pub hotlist: Arc<HotList>,
+    pub wake: Arc<WakeGates>,
+    permits: Semaphore,
+    maintenance: AtomicBool,
+    /// Flipped on shutdown: parked long-polls answer 204 at once.
+    closing: tokio::sync::watch::Sender<bool>,
+}
+
+impl PopService {
+    pub fn new(pool: Pool, cfg: PopConfig, pool_size: usize, pool_wait: Duration) -> Arc<PopService> {
+        Arc::new(PopService {
+            pool,
+            hotlist: HotList::new(cfg.hotlist_reseed),
+            cfg,
+            pool_wait,
+            wake: Arc::new(WakeGates::default()),
+            // Leave a quarter of the pool to pushes and acks.
+            permits: Semaphore::new((pool_size * 3 / 4).max(1)),
+            maintenance: AtomicBool::new(false),
+            closing: tokio::sync::watch::channel(false).0,
+        })
+    }
+
+    /// Shutdown: every parked long-poll answers now instead of at its deadline.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    pub fn config(&self) -> &PopConfig {
+        &self.cfg
+    }
+
+    /// Pop maintenance: while on, every pop answers empty at once.
+    pub fn set_maintenance(&self, on: bool) {
+        self.maintenance.store(on, Ordering::SeqCst);
+    }
+
+    pub fn maintenance(&self) -> bool {
+        self.maintenance.load(Ordering::SeqCst)
+    }
+
+    /// A push committed to (queue, partition): feed the rings, mark the gate.
+    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str) {
+        self.hotlist.pushed(queue, partition_id, partition);
+        self.wake.pushed(queue);
+    }
+
+    /// Serves one pop request: `Ok(None)` means answer 204.
+    pub async fn pop(&self, route: &Route, p: &PopParams) -> Result<Option<Vec<u8>>, PopError> {
+        if self.maintenance() {
+            return Ok(None);
+        }
+        let deadline = Instant::now() + if p.wait { p.timeout } else { Duration::ZERO };
+        // One lease id per request, shared by every partition it claims.
+        let lease_id = if p.auto_ack { String::new() } else { Uuid::now_v7().to_string() };
+        let top_queue = match route {
+            Route::Wildcard { queue } | Route::Specific { queue, .. } => queue.as_str(),
+            Route::Discovery { .. } => "",
+        };
+        let gate = match route {
+            Route::Discovery { .. } => self.wake.discovery(),
+            Route::Wildcard { queue } | Route::Specific { queue, .. } => self.wake.queue(queue),
+        };
+        let mut attempt = 0u32;
+        let mut closing = self.closing.subscribe();
+        loop {
+            // Listen before looking, so a push between the look and the wait wakes us.
+            let woken = gate.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let result = self.attempt(route, p, &lease_id).await?;
+            if let Some(body) = render::render(&result.claimed, top_queue, &lease_id, p)? {
+                return Ok(Some(body));
+            }
+            let now = Instant::now();
+            if now >= deadline || self.maintenance() || *closing.borrow() {
+                return Ok(None);
+            }
+            let pause = wake::backoff_interval(attempt, &self.cfg).min(deadline - now);
+            tokio::select! {
+                _ = &mut woken => attempt = 0,
+                _ = tokio::time::sleep(pause) => attempt += 1,
+                _ = closing.changed() => return Ok(None),
+            }
+        }
+    }
+
+    /// One look for work: at most one claim round trip.
+    async fn attempt(&self, route: &Route, p: &PopParams, worker: &str) -> Result<ClaimResult, PopError> {
+        if let Route::Wildcard { queue } = route {
+            if self.cfg.hotlist {
+                match self.hotlist.plan(queue, &p.group) {
+                    Plan::NothingReady => return Ok(ClaimResult::default()),
+                    Plan::Claim { reseed } => return self.claim_from_ring(queue, p, worker, reseed).await,
+                    Plan::NoRing => {
+                        let result = self.claim_sql(route, p, worker, false).await?;
+                        self.hotlist.create(queue, &p.group);
+                        return Ok(result);
+                    }
+                }
+            }
+            return self.claim_sql(route, p, worker, true).await;
+        }
+        self.claim_sql(route, p, worker, false).await
+    }
+
+    async fn claim_from_ring(&self, queue: &str, p: &PopParams, worker: &str, reseed: bool) -> Result<ClaimResult, PopError> {
+        let _permit = self.permit().await?;
+        let client = self.connection().await?;
+        if reseed {
+            let pending = claim::pending_partitions(&client, queue, &p.group).await?;
+            self.hotlist.reseed(queue, &p.group, pending);
+        }
+        let checkout = self.hotlist.checkout(queue, &p.group, p.ring_candidates());
+        if checkout.is_empty() {
+            return Ok(ClaimResult::default());
+        }
+        let result = claim::claim_candidates(&client, &checkout.pids(), p, worker).await?;
+        checkout.settle(&result.verdicts);
+        Ok(result)
+    }
+
+    async fn claim_sql(&self, route: &Route, p: &PopParams, worker: &str, probe: bool) -> Result<ClaimResult, PopError> {
+        let client = self.connection().await?;
+        if probe {
+            if let Route::Wildcard { queue } = route {
+                // The cheap pending probe, before a permit: a queue that
+                // exists and has nothing for this group skips the scan.
+                if claim::has_pending(&client, queue, &p.group).await? == Some(false) {
+                    return Ok(ClaimResult::default());
+                }
+            }
+        }
+        let _permit = self.permit().await?;
+        Ok(claim::claim_route(&client, route, p, worker).await?)
+    }
+
+    async fn permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, PopError> {
+        match tokio::time::timeout(self.pool_wait, self.permits.acquire()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(PopError::Pool),
+        }
+    }
+
+    async fn connection(&self) -> Result<deadpool_postgres::Client, PopError> {
+        self.pool.get().await.map_err(|_| PopError::Pool)
+    }
+}

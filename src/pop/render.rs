@@ -1,0 +1,97 @@
+//! The pop answer (API.md §2.2.1), written by hand into one buffer: payloads
+//! are spliced verbatim from the stored frames (they were validated JSON when
+//! pushed), never parsed and re-serialized.
+
+use std::io::Write;
+
+use crate::log::{decompress_frames, FrameReader};
+
+use super::claim::ClaimedPartition;
+use super::params::PopParams;
+
+/// Ceiling on one decompressed segment.
+const SEGMENT_LIMIT: usize = 256 << 20;
+
+/// A segment blob that no longer decodes: the answer fails rather than
+/// delivering a partial or shifted batch.
+#[derive(Debug, thiserror::Error)]
+#[error("stored segment of partition {partition_id} at offset {base_offset} is unreadable: {detail}")]
+pub struct CorruptSegment {
+    pub partition_id: i64,
+    pub base_offset: i64,
+    pub detail: String,
+}
+
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec does not fail");
+}
+
+/// Renders the 200 body; `None` when nothing was delivered.
+pub fn render(
+    claimed: &[ClaimedPartition],
+    top_queue: &str,
+    lease_id: &str,
+    p: &PopParams,
+) -> Result<Option<Vec<u8>>, CorruptSegment> {
+    let Some(first) = claimed.first() else { return Ok(None) };
+    let mut out = Vec::with_capacity(1024);
+    out.extend_from_slice(b"{\"success\":true,\"queue\":");
+    json_str(&mut out, top_queue);
+    out.extend_from_slice(b",\"partition\":");
+    json_str(&mut out, &first.partition);
+    write!(out, ",\"partitionId\":\"{}\",\"leaseId\":", first.partition_id).expect("vec write");
+    json_str(&mut out, lease_id);
+    out.extend_from_slice(b",\"consumerGroup\":");
+    json_str(&mut out, &p.group);
+    out.extend_from_slice(b",\"messages\":[");
+    let mut any = false;
+    for c in claimed {
+        let mut pid_and_rest = Vec::new();
+        write!(pid_and_rest, ",\"partitionId\":\"{}\",\"partition\":", c.partition_id).expect("vec write");
+        json_str(&mut pid_and_rest, &c.partition);
+        pid_and_rest.extend_from_slice(b",\"leaseId\":");
+        json_str(&mut pid_and_rest, lease_id);
+        pid_and_rest.extend_from_slice(b",\"consumerGroup\":");
+        json_str(&mut pid_and_rest, &p.group);
+        pid_and_rest.push(b'}');
+        for seg in &c.segments {
+            let corrupt = |detail: String| CorruptSegment { partition_id: c.partition_id, base_offset: seg.base_offset, detail };
+            let frames = decompress_frames(&seg.blob, SEGMENT_LIMIT).map_err(|e| corrupt(e.to_string()))?;
+            let created = seg.created_at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+            let mut taken = 0;
+            for frame in FrameReader::new(&frames).skip(seg.start_idx).take(seg.take) {
+                let f = frame.map_err(|e| corrupt(e.to_string()))?;
+                if any {
+                    out.push(b',');
+                }
+                any = true;
+                write!(out, "{{\"id\":\"{}\",\"transactionId\":", f.message_id).expect("vec write");
+                json_str(&mut out, f.transaction_id);
+                match f.trace_id {
+                    Some(t) => write!(out, ",\"traceId\":\"{t}\"").expect("vec write"),
+                    None => out.extend_from_slice(b",\"traceId\":null"),
+                }
+                out.extend_from_slice(b",\"data\":");
+                out.extend_from_slice(f.payload_json());
+                out.extend_from_slice(b",\"producerSub\":");
+                match f.producer_sub {
+                    Some(s) => json_str(&mut out, s),
+                    None => out.extend_from_slice(b"null"),
+                }
+                write!(out, ",\"createdAt\":\"{created}\"").expect("vec write");
+                out.extend_from_slice(&pid_and_rest);
+                taken += 1;
+            }
+            if taken != seg.take {
+                return Err(corrupt(format!("holds fewer frames than the {} to deliver", seg.take)));
+            }
+        }
+    }
+    write!(out, "],\"partitionsClaimed\":{}", claimed.len()).expect("vec write");
+    if p.autopilot {
+        write!(out, ",\"autopilot\":{{\"partitions\":{},\"batch\":{},\"waitMs\":0}}", p.partitions, p.batch)
+            .expect("vec write");
+    }
+    out.push(b'}');
+    Ok(Some(out))
+}
