@@ -63,10 +63,14 @@ impl HotList {
         rings.get_mut(queue).and_then(|g| g.get_mut(group)).map(f)
     }
 
+    /// Decides what a pop does. A due reseed is handed to exactly one pop (the
+    /// clock restarts now), so a herd of parked pops waking together does not
+    /// all go to PostgreSQL for it.
     pub fn plan(&self, queue: &str, group: &str) -> Plan {
         self.with_ring(queue, group, |r| {
             let reseed = r.last_reseed.is_none_or(|t| t.elapsed() >= self.reseed_every);
             if reseed {
+                r.last_reseed = Some(Instant::now());
                 Plan::Claim { reseed: true }
             } else if r.ready.is_empty() {
                 Plan::NothingReady
@@ -236,6 +240,7 @@ mod tests {
         let l = HotList::new(Duration::from_secs(3600));
         l.create("q", "g");
         assert_eq!(l.plan("q", "g"), Plan::Claim { reseed: true });
+        assert_eq!(l.plan("q", "g"), Plan::NothingReady, "only one pop reseeds");
         l.reseed("q", "g", vec![]);
         assert_eq!(l.plan("q", "g"), Plan::NothingReady);
     }

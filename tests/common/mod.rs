@@ -298,3 +298,58 @@ pub struct StoredMessage {
     pub trace_id: Option<String>,
     pub payload: String,
 }
+
+/// A pop answer: status, parsed body (None for an empty body), and whether a
+/// Content-Length header came with it.
+pub struct Popped {
+    pub status: u16,
+    pub body: Option<serde_json::Value>,
+    pub content_length: Option<String>,
+}
+
+impl Popped {
+    pub fn messages(&self) -> Vec<serde_json::Value> {
+        self.body.as_ref().and_then(|b| b["messages"].as_array().cloned()).unwrap_or_default()
+    }
+    /// The `data` of every message, in answer order.
+    pub fn data(&self) -> Vec<serde_json::Value> {
+        self.messages().iter().map(|m| m["data"].clone()).collect()
+    }
+}
+
+impl Broker {
+    /// GET a pop path (with its query string).
+    pub async fn pop(&self, path_and_query: &str) -> Popped {
+        let r = self.http.get(format!("{}{}", self.url, path_and_query)).send().await.unwrap();
+        let status = r.status().as_u16();
+        let content_length = r.headers().get("content-length").map(|v| v.to_str().unwrap().to_string());
+        let bytes = r.bytes().await.unwrap();
+        let body = if bytes.is_empty() { None } else { Some(serde_json::from_slice(&bytes).unwrap()) };
+        Popped { status, body, content_length }
+    }
+
+    /// Pushes `payloads` to (queue, partition) in one request; asserts 201.
+    pub async fn push_to(&self, queue: &str, partition: &str, payloads: &[serde_json::Value]) -> serde_json::Value {
+        let items: Vec<serde_json::Value> = payloads
+            .iter()
+            .map(|p| serde_json::json!({"queue": queue, "partition": partition, "payload": p}))
+            .collect();
+        let (status, body) = self.post("/api/v1/push", serde_json::json!({ "items": items })).await;
+        assert_eq!(status, 201, "{body}");
+        body
+    }
+
+    /// Stands in for an ack until the ack path exists: commits the cursor of
+    /// (partition, group) to `last` and releases the lease, in SQL.
+    pub async fn commit_cursor(&self, partition_id: i64, group: &str, last: i64) {
+        self.sql()
+            .await
+            .execute(
+                "UPDATE queen.consumers SET committed = $3, worker_id = NULL, lease_expires_at = NULL, batch_end = NULL
+                 WHERE partition_id = $1 AND consumer_group = $2",
+                &[&partition_id, &group, &last],
+            )
+            .await
+            .unwrap();
+    }
+}

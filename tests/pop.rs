@@ -1,0 +1,492 @@
+//! The pop path over HTTP against a real PostgreSQL (seeds/*.md, API.md
+//! §2.2, issue 3). Behavioural tests run in both candidate modes: the
+//! hot-list ring and the SQL candidate scan.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::Broker;
+use serde_json::{json, Value};
+
+async fn broker(hotlist: bool) -> Broker {
+    Broker::start_with(&[("QUEEN_HOTLIST", if hotlist { "true" } else { "false" })]).await
+}
+
+/// Runs a scenario once per candidate mode.
+macro_rules! both_modes {
+    ($($name:ident),* $(,)?) => {
+        $(mod $name {
+            #[tokio::test]
+            async fn hotlist() {
+                super::$name(true).await
+            }
+            #[tokio::test]
+            async fn sql_scan() {
+                super::$name(false).await
+            }
+        })*
+    };
+}
+
+both_modes!(
+    an_empty_pop_is_a_bare_204_and_provisions_the_queue,
+    a_leased_pop_answers_the_documented_shape_in_offset_order,
+    the_batch_is_a_budget_shared_across_claimed_partitions,
+    partitions_caps_the_claimed_partitions_and_zero_means_no_cap,
+    a_leased_partition_is_skipped_by_the_same_group_and_read_by_another,
+    auto_ack_commits_inside_the_pop_and_returns_an_empty_lease_id,
+    an_expired_lease_redelivers_the_same_span_and_counts_an_attempt,
+    subscription_mode_new_skips_the_backlog_but_never_in_queue_mode,
+    the_stored_subscription_wins_and_new_partitions_deliver_everything,
+    subscription_from_a_timestamp_starts_at_the_first_later_segment,
+    window_buffer_holds_a_partition_that_is_still_being_written,
+    delayed_processing_hides_young_messages,
+    a_long_poll_is_woken_by_a_push,
+    twenty_consumers_on_fifty_partitions_get_every_message_exactly_once,
+    fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock,
+);
+
+async fn an_empty_pop_is_a_bare_204_and_provisions_the_queue(hotlist: bool) {
+    let b = broker(hotlist).await;
+    let r = b.pop("/api/v1/pop/queue/shop.orders").await;
+    assert_eq!(r.status, 204);
+    assert!(r.body.is_none());
+    assert_eq!(r.content_length, None, "no Content-Length announcing a body");
+    let row = b.sql().await.query_one("SELECT namespace, task FROM queen.queues WHERE name = 'shop.orders'", &[]).await.unwrap();
+    assert_eq!((row.get::<_, String>(0), row.get::<_, String>(1)), ("shop".into(), "orders".into()));
+}
+
+async fn a_leased_pop_answers_the_documented_shape_in_offset_order(hotlist: bool) {
+    let b = broker(hotlist).await;
+    let pushed = b.push_to("q", "p", &[json!({"n": 0}), json!([1, "é"]), json!(null), json!("three"), json!(4)]).await;
+    let r = b.pop("/api/v1/pop/queue/q?batch=3&consumerGroup=billing").await;
+    assert_eq!(r.status, 200);
+    let body = r.body.clone().unwrap();
+    assert_eq!(body["success"], true);
+    assert_eq!(body["queue"], "q");
+    assert_eq!(body["partition"], "p");
+    assert_eq!(body["consumerGroup"], "billing");
+    assert_eq!(body["partitionsClaimed"], 1);
+    let lease = body["leaseId"].as_str().unwrap();
+    assert_eq!(uuid::Uuid::parse_str(lease).unwrap().get_version_num(), 7);
+    let pid = body["partitionId"].as_str().unwrap();
+    assert_eq!(pid, pushed[0]["partitionId"].as_str().unwrap());
+    assert_eq!(r.data(), [json!({"n": 0}), json!([1, "é"]), json!(null)]);
+    for (i, m) in r.messages().iter().enumerate() {
+        assert_eq!(m["id"], pushed[i]["messageId"]);
+        assert_eq!(m["transactionId"], pushed[i]["transactionId"]);
+        assert_eq!(m["partitionId"], pid);
+        assert_eq!(m["partition"], "p");
+        assert_eq!(m["leaseId"], lease);
+        assert_eq!(m["consumerGroup"], "billing");
+        assert_eq!(m["traceId"], Value::Null);
+        assert_eq!(m["producerSub"], Value::Null);
+        let created = m["createdAt"].as_str().unwrap();
+        assert_eq!(created.len(), "2026-07-30T11:02:44.512873Z".len(), "{created}");
+        assert!(created.ends_with('Z'));
+        chrono::DateTime::parse_from_rfc3339(created).unwrap();
+        let keys: HashSet<&str> = m.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        let expected: HashSet<&str> = ["id", "transactionId", "traceId", "data", "producerSub", "createdAt", "partitionId", "partition", "leaseId", "consumerGroup"].into();
+        assert_eq!(keys, expected, "no offset, attempt count or queue name per message");
+    }
+    let row = b
+        .sql()
+        .await
+        .query_one("SELECT committed, batch_end, worker_id, attempt_count FROM queen.consumers WHERE consumer_group = 'billing'", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), -1, "a lease does not move the cursor");
+    assert_eq!(row.get::<_, i64>(1), 2);
+    assert_eq!(row.get::<_, String>(2), lease);
+    assert_eq!(row.get::<_, i32>(3), 1);
+}
+
+async fn the_batch_is_a_budget_shared_across_claimed_partitions(hotlist: bool) {
+    let b = broker(hotlist).await;
+    for p in ["a", "b", "c", "d"] {
+        b.push_to("q", p, &[json!(format!("{p}0")), json!(format!("{p}1")), json!(format!("{p}2"))]).await;
+    }
+    let r = b.pop("/api/v1/pop/queue/q?batch=5&partitions=4").await;
+    let msgs = r.messages();
+    assert_eq!(msgs.len(), 5);
+    assert_eq!(r.body.as_ref().unwrap()["partitionsClaimed"], 2);
+    // Grouped by partition, each in offset order.
+    let first = msgs[0]["partition"].as_str().unwrap().to_string();
+    let second = msgs[3]["partition"].as_str().unwrap().to_string();
+    let data: Vec<String> = r.data().iter().map(|d| d.as_str().unwrap().to_string()).collect();
+    assert_eq!(data, [format!("{first}0"), format!("{first}1"), format!("{first}2"), format!("{second}0"), format!("{second}1")]);
+}
+
+async fn partitions_caps_the_claimed_partitions_and_zero_means_no_cap(hotlist: bool) {
+    let b = broker(hotlist).await;
+    for p in 0..5 {
+        b.push_to("q", &format!("p{p}"), &[json!(p)]).await;
+    }
+    let r = b.pop("/api/v1/pop/queue/q?batch=100&partitions=2&consumerGroup=g1").await;
+    assert_eq!(r.body.unwrap()["partitionsClaimed"], 2);
+    let r = b.pop("/api/v1/pop/queue/q?batch=100&partitions=0&consumerGroup=g2").await;
+    assert_eq!(r.messages().len(), 5);
+    let r = b.pop("/api/v1/pop/queue/q?batch=100&consumerGroup=g3").await;
+    assert_eq!(r.body.unwrap()["partitionsClaimed"], 1, "the default is one partition");
+}
+
+async fn a_leased_partition_is_skipped_by_the_same_group_and_read_by_another(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "only", &[json!(1), json!(2)]).await;
+    let first = b.pop("/api/v1/pop/queue/q").await;
+    assert_eq!(first.messages().len(), 2);
+    assert_eq!(b.pop("/api/v1/pop/queue/q").await.status, 204, "queue mode shares one cursor: the lane is leased");
+    let other = b.pop("/api/v1/pop/queue/q?consumerGroup=analytics").await;
+    assert_eq!(other.data(), [json!(1), json!(2)], "another group reads the same lane independently");
+    let pid: i64 = first.body.unwrap()["partitionId"].as_str().unwrap().parse().unwrap();
+    b.commit_cursor(pid, "__QUEUE_MODE__", 0).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q").await.data(), [json!(2)], "after the commit the next offset comes");
+}
+
+async fn auto_ack_commits_inside_the_pop_and_returns_an_empty_lease_id(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "p", &[json!(1), json!(2), json!(3)]).await;
+    let r = b.pop("/api/v1/pop/queue/q?batch=2&autoAck=true&consumerGroup=g").await;
+    let body = r.body.clone().unwrap();
+    assert_eq!(body["leaseId"], "");
+    assert!(r.messages().iter().all(|m| m["leaseId"] == ""));
+    let row = b.sql().await.query_one("SELECT committed, worker_id FROM queen.consumers WHERE consumer_group = 'g'", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    assert_eq!(row.get::<_, Option<String>>(1), None);
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=2&autoAck=true&consumerGroup=g").await.data(), [json!(3)]);
+    assert_eq!(b.pop("/api/v1/pop/queue/q?autoAck=true&consumerGroup=g").await.status, 204);
+}
+
+async fn an_expired_lease_redelivers_the_same_span_and_counts_an_attempt(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "p", &[json!("a"), json!("b")]).await;
+    let first = b.pop("/api/v1/pop/queue/q?leaseSeconds=1").await;
+    assert_eq!(first.data(), [json!("a"), json!("b")]);
+    let sql = b.sql().await;
+    let lease: f64 = sql
+        .query_one("SELECT extract(epoch FROM lease_expires_at - lease_acquired_at)::float8 FROM queen.consumers", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(lease, 1.0);
+    assert_eq!(b.pop("/api/v1/pop/queue/q").await.status, 204);
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the lease length is the rule under test
+    let again = b.pop("/api/v1/pop/queue/q").await;
+    assert_eq!(again.data(), [json!("a"), json!("b")]);
+    assert_eq!(again.messages()[0]["id"], first.messages()[0]["id"]);
+    assert_ne!(again.body.as_ref().unwrap()["leaseId"], first.body.as_ref().unwrap()["leaseId"]);
+    let row = sql.query_one("SELECT attempt_count, retry_count, extract(epoch FROM lease_expires_at - lease_acquired_at)::float8 FROM queen.consumers", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2);
+    assert_eq!(row.get::<_, i32>(1), 0, "expiry never spends the retry budget");
+    assert_eq!(row.get::<_, f64>(2), 60.0, "an implicit queue leases for 60 seconds");
+}
+
+async fn subscription_mode_new_skips_the_backlog_but_never_in_queue_mode(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "p", &[json!("old")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=fresh&subscriptionMode=new").await.status, 204);
+    assert_eq!(b.pop("/api/v1/pop/queue/q?subscriptionMode=new").await.data(), [json!("old")], "queue mode never skips backlog");
+    b.push_to("q", "p", &[json!("new")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=fresh&subscriptionMode=new").await.data(), [json!("new")]);
+    let b2 = Broker::start_with(&[("QUEEN_HOTLIST", if hotlist { "true" } else { "false" }), ("DEFAULT_SUBSCRIPTION_MODE", "new")]).await;
+    b2.push_to("q", "p", &[json!("old")]).await;
+    assert_eq!(b2.pop("/api/v1/pop/queue/q?consumerGroup=g").await.status, 204, "DEFAULT_SUBSCRIPTION_MODE applies to named groups");
+    assert_eq!(b2.pop("/api/v1/pop/queue/q?consumerGroup=h&subscriptionFrom=now").await.status, 204);
+    assert_eq!(b2.pop("/api/v1/pop/queue/q").await.data(), [json!("old")], "but never to queue mode");
+}
+
+async fn the_stored_subscription_wins_and_new_partitions_deliver_everything(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "p1", &[json!("before")]).await;
+    // First contact with the default (all): later pops asking for `new` change nothing.
+    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=all-group&autoAck=true").await.data(), [json!("before")]);
+    b.push_to("q", "p1", &[json!("x")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=all-group&autoAck=true&subscriptionMode=new").await.data(), [json!("x")]);
+    // A `new` group: its record holds the subscription time; a partition
+    // created afterwards delivers its whole backlog.
+    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=new-group&subscriptionMode=new").await.status, 204);
+    let mode: String = b.sql().await.query_one("SELECT subscription_mode FROM queen.subscriptions WHERE consumer_group = 'new-group'", &[]).await.unwrap().get(0);
+    assert_eq!(mode, "new");
+    b.push_to("q", "p2", &[json!("late-1"), json!("late-2")]).await;
+    let r = b.pop("/api/v1/pop/queue/q?consumerGroup=new-group&batch=10").await;
+    assert_eq!(r.data(), [json!("late-1"), json!("late-2")]);
+}
+
+async fn subscription_from_a_timestamp_starts_at_the_first_later_segment(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "p", &[json!("early")]).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let cut = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.push_to("q", "p", &[json!("late")]).await;
+    let r = b.pop(&format!("/api/v1/pop/queue/q?consumerGroup=g&subscriptionFrom={}", urlencode(&cut))).await;
+    assert_eq!(r.data(), [json!("late")]);
+    let r = b.pop("/api/v1/pop/queue/q?consumerGroup=h&subscriptionFrom=not-a-time").await;
+    assert_eq!(r.data(), [json!("early"), json!("late")], "an unparseable subscriptionFrom is ignored");
+}
+
+async fn window_buffer_holds_a_partition_that_is_still_being_written(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "p", &[json!(0)]).await;
+    b.sql().await.execute("UPDATE queen.queues SET window_buffer = 1 WHERE name = 'q'", &[]).await.unwrap();
+    b.push_to("q", "p", &[json!(1)]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10").await.status, 204);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10").await.data(), [json!(0), json!(1)]);
+}
+
+async fn delayed_processing_hides_young_messages(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("q", "p", &[json!("old")]).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    b.sql().await.execute("UPDATE queen.queues SET delayed_processing = 1 WHERE name = 'q'", &[]).await.unwrap();
+    b.push_to("q", "p", &[json!("young")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("old")], "the delayed tail is cut off");
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.status, 204);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("young")]);
+}
+
+async fn a_long_poll_is_woken_by_a_push(hotlist: bool) {
+    let b = broker(hotlist).await;
+    // Make the group known first, so the wake (not first contact) is what is measured.
+    assert_eq!(b.pop("/api/v1/pop/queue/lp").await.status, 204);
+    let started = Instant::now();
+    let r = b.pop("/api/v1/pop/queue/lp?wait=true&timeout=400").await;
+    assert_eq!(r.status, 204);
+    assert!(started.elapsed() >= Duration::from_millis(400), "the deadline answers 204");
+    let waiter = {
+        let url = format!("{}/api/v1/pop/queue/lp?wait=true&timeout=10000", b.url);
+        tokio::spawn(async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), Instant::now(), r.json::<Value>().await.unwrap())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.push_to("lp", "p", &[json!("wake")]).await;
+    let pushed_at = Instant::now();
+    let (status, answered_at, body) = waiter.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body["messages"][0]["data"], "wake");
+    let latency = answered_at.saturating_duration_since(pushed_at);
+    assert!(latency < Duration::from_millis(100), "woken {latency:?} after the push");
+}
+
+async fn twenty_consumers_on_fifty_partitions_get_every_message_exactly_once(hotlist: bool) {
+    let b = broker(hotlist).await;
+    const PARTITIONS: usize = 50;
+    const EACH: usize = 10;
+    for p in 0..PARTITIONS {
+        let payloads: Vec<Value> = (0..EACH).map(|i| json!(format!("{p}-{i}"))).collect();
+        b.push_to("busy", &format!("p{p}"), &payloads).await;
+    }
+    let sql = b.sql().await;
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let url = format!("{}/api/v1/pop/queue/busy?batch=7&partitions=4&consumerGroup=workers", b.url);
+        let http = b.http.clone();
+        let db = b.db.clone();
+        tasks.push(tokio::spawn(async move {
+            let sql = common::cluster().connect(&db).await;
+            let mut got = Vec::new();
+            let mut idle = 0;
+            while idle < 20 {
+                let r = http.get(&url).send().await.unwrap();
+                if r.status().as_u16() == 204 {
+                    idle += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                idle = 0;
+                let body: Value = r.json().await.unwrap();
+                let mut last_per_partition: HashMap<i64, i64> = HashMap::new();
+                for m in body["messages"].as_array().unwrap() {
+                    got.push(m["data"].as_str().unwrap().to_string());
+                    let pid: i64 = m["partitionId"].as_str().unwrap().parse().unwrap();
+                    *last_per_partition.entry(pid).or_insert(-1) += 1;
+                }
+                // Ack stand-in: commit each claimed span exactly to its end.
+                for (pid, _) in last_per_partition {
+                    let row = sql
+                        .query_one("SELECT batch_end, worker_id FROM queen.consumers WHERE partition_id = $1 AND consumer_group = 'workers'", &[&pid])
+                        .await
+                        .unwrap();
+                    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), body["leaseId"].as_str(), "the lease is ours alone");
+                    let end: i64 = row.get(0);
+                    sql.execute("UPDATE queen.consumers SET committed = $2, worker_id = NULL, lease_expires_at = NULL WHERE partition_id = $1 AND consumer_group = 'workers'", &[&pid, &end]).await.unwrap();
+                }
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let unique: HashSet<&String> = all.iter().collect();
+    assert_eq!(unique.len(), PARTITIONS * EACH, "every message delivered");
+    assert_eq!(all.len(), PARTITIONS * EACH, "and none twice");
+    drop(sql);
+}
+
+async fn fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock(hotlist: bool) {
+    let b = broker(hotlist).await;
+    let items: Vec<Value> = (0..200).map(|p| json!({"queue": "wide", "partition": format!("p{p}"), "payload": p})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let sql = b.sql().await;
+    let deadlocks = || async {
+        sql.query_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()", &[]).await.unwrap().get::<_, i64>(0)
+    };
+    let before = deadlocks().await;
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let url = format!("{}/api/v1/pop/queue/wide?batch=10&partitions=4&consumerGroup=fresh", b.url);
+        tasks.push(tokio::spawn(async move { reqwest::get(url).await.unwrap().status().as_u16() }));
+    }
+    let mut delivered = 0;
+    for t in tasks {
+        let s = t.await.unwrap();
+        assert!(s == 200 || s == 204, "status {s}");
+        delivered += (s == 200) as usize;
+    }
+    assert!(delivered > 0);
+    // pg_stat counters are flushed asynchronously; give them a moment.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(deadlocks().await, before, "PostgreSQL reported deadlocks");
+    assert!(!b.logs().iter().any(|l| l.contains("deadlock")), "the broker logged a deadlock");
+    let seeded: i64 = sql.query_one("SELECT count(*) FROM queen.consumers WHERE consumer_group = 'fresh'", &[]).await.unwrap().get(0);
+    assert_eq!(seeded, 200, "the elected seeder seeded every partition's cursor");
+}
+
+fn urlencode(s: &str) -> String {
+    serde_urlencoded::to_string([("v", s)]).unwrap()[2..].to_string()
+}
+
+#[tokio::test]
+async fn the_single_partition_route_claims_only_that_partition_and_registers_nothing() {
+    let b = Broker::start().await;
+    b.push_to("q", "mine", &[json!("m")]).await;
+    b.push_to("q", "other", &[json!("o")]).await;
+    let r = b.pop("/api/v1/pop/queue/q/partition/mine?consumerGroup=g&partitions=5").await;
+    assert_eq!(r.data(), [json!("m")]);
+    assert_eq!(r.body.unwrap()["partition"], "mine");
+    let subs: i64 = b.sql().await.query_one("SELECT count(*) FROM queen.subscriptions", &[]).await.unwrap().get(0);
+    assert_eq!(subs, 0, "the targeted pop writes no durable subscription");
+    assert_eq!(b.pop("/api/v1/pop/queue/q/partition/nowhere").await.status, 204);
+    // Percent-decoded path segments.
+    b.push_to("q", "with space", &[json!("s")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q/partition/with%20space").await.data(), [json!("s")]);
+}
+
+#[tokio::test]
+async fn the_discovery_route_spans_queues_by_label() {
+    let b = Broker::start().await;
+    b.push_to("billing.invoices", "p", &[json!("i")]).await;
+    b.push_to("billing.refunds", "p", &[json!("r")]).await;
+    b.push_to("shipping.labels", "p", &[json!("s")]).await;
+    let r = b.pop("/api/v1/pop?namespace=billing&batch=10&partitions=0&consumerGroup=g").await;
+    let body = r.body.clone().unwrap();
+    assert_eq!(body["queue"], "");
+    let mut data: Vec<String> = r.data().iter().map(|d| d.as_str().unwrap().to_string()).collect();
+    data.sort();
+    assert_eq!(data, ["i", "r"]);
+    assert!(r.messages().iter().all(|m| !m["partitionId"].as_str().unwrap().is_empty()));
+    let r = b.pop("/api/v1/pop?task=labels&consumerGroup=g").await;
+    assert_eq!(r.data(), [json!("s")]);
+    let r = b.pop("/api/v1/pop?consumerGroup=g").await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body.unwrap(), json!({"success": false, "error": "namespace or task is required", "messages": []}));
+}
+
+#[tokio::test]
+async fn unparseable_parameters_answer_400_naming_them() {
+    let b = Broker::start().await;
+    for (q, name) in [("batch=x", "batch"), ("wait=perhaps", "wait"), ("timeout=-5", "timeout"), ("partitions=two", "partitions"), ("autoAck=7", "autoAck"), ("subscriptionMode=sometimes", "subscriptionMode")] {
+        let r = b.pop(&format!("/api/v1/pop/queue/q?{q}")).await;
+        assert_eq!(r.status, 400, "{q}");
+        let err = r.body.unwrap()["error"].as_str().unwrap().to_string();
+        assert!(err.starts_with(name), "{q}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn pop_maintenance_answers_204_with_no_work_done() {
+    let b = Broker::start().await;
+    b.push_to("q", "p", &[json!(1)]).await;
+    assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": true})).await, (200, json!({"enabled": true})));
+    assert_eq!(b.get("/api/v1/system/maintenance/pop").await.1, json!({"enabled": true}));
+    assert_eq!(b.pop("/api/v1/pop/queue/q").await.status, 204);
+    let cursors: i64 = b.sql().await.query_one("SELECT count(*) FROM queen.consumers", &[]).await.unwrap().get(0);
+    assert_eq!(cursors, 0, "no work was done");
+    assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": "yes"})).await.0, 400);
+    b.post("/api/v1/system/maintenance/pop", json!({"enabled": false})).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q").await.data(), [json!(1)]);
+}
+
+#[tokio::test]
+async fn a_partition_emptied_by_retention_is_sealed_and_a_cursor_in_a_gap_scans_forward() {
+    let b = Broker::start().await;
+    b.push_to("q", "gone", &[json!(1), json!(2)]).await;
+    b.push_to("q", "gap", &[json!("lost")]).await;
+    b.push_to("q", "gap", &[json!("kept")]).await;
+    let sql = b.sql().await;
+    // What retention does: remove whole segments.
+    sql.execute("DELETE FROM queen.segments s USING queen.partitions p WHERE p.id = s.partition_id AND (p.name = 'gone' OR (p.name = 'gap' AND s.base_offset = 0))", &[]).await.unwrap();
+    let r = b.pop("/api/v1/pop/queue/q/partition/gone?consumerGroup=g").await;
+    assert_eq!(r.status, 204);
+    let committed: i64 = sql.query_one("SELECT c.committed FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id WHERE p.name = 'gone'", &[]).await.unwrap().get(0);
+    assert_eq!(committed, 1, "sealed to last_offset");
+    let r = b.pop("/api/v1/pop/queue/q/partition/gap?consumerGroup=g").await;
+    assert_eq!(r.data(), [json!("kept")], "the cursor in the gap scans forward");
+}
+
+#[tokio::test]
+async fn an_exhausted_pool_answers_500_pool_and_a_timed_out_claim_500_pop_failed() {
+    let b = Broker::start_with(&[("DB_POOL_SIZE", "2"), ("DB_CONNECTION_TIMEOUT", "300"), ("QUEEN_STMT_TIMEOUT_MS", "1500")]).await;
+    b.push_to("q", "p", &[json!(1)]).await;
+    let sql = b.sql().await;
+    // Hold the cursor table so claims block inside PostgreSQL, holding their connections.
+    sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let url = format!("{}/api/v1/pop/queue/q/partition/p", b.url);
+        tasks.push(tokio::spawn(async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    sql.batch_execute("ROLLBACK").await.unwrap();
+    assert!(answers.contains(&(500, json!({"error": "pool"}))), "{answers:?}");
+    assert!(answers.contains(&(500, json!({"error": "pop failed"}))), "{answers:?}");
+    assert_eq!(b.pop("/api/v1/pop/queue/q/partition/p").await.data(), [json!(1)], "and the broker recovers");
+}
+
+#[tokio::test]
+async fn two_thousand_parked_pops_hold_a_handful_of_connections() {
+    let b = Broker::start().await;
+    assert_eq!(b.pop("/api/v1/pop/queue/idle").await.status, 204);
+    let mut tasks = Vec::new();
+    for _ in 0..2000 {
+        let url = format!("{}/api/v1/pop/queue/idle?wait=true&timeout=4000", b.url);
+        tasks.push(tokio::spawn(async move { reqwest::get(url).await.map(|r| r.status().as_u16()).unwrap_or(0) }));
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let sql = b.sql().await;
+    let conns: i64 = sql
+        .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'queen'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(conns <= 8, "{conns} database connections for 2000 parked pops");
+    let mut ok = 0;
+    for t in tasks {
+        ok += (t.await.unwrap() == 204) as usize;
+    }
+    assert_eq!(ok, 2000);
+}
