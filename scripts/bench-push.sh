@@ -6,41 +6,19 @@
 # commit on), a release broker on it, runs queen-bench, then pgbench with the
 # same payload size and client count. Everything on localhost; bounded by
 # DURATION seconds per step.
-set -euo pipefail
-cd "$(dirname "$0")/.."
 DURATION=${DURATION:-20}
 CLIENTS=${CLIENTS:-8}
 PARTITIONS=${PARTITIONS:-10}
 PAYLOAD=${PAYLOAD:-100}
-bash scripts/ensure-postgres.sh
-cargo build --locked --release --bins -q
-BIN=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
-DIR=$(mktemp -d /tmp/queen-bench-XXXXXX)
-AS=()
-if [ "$(id -u)" = 0 ]; then chown postgres: "$DIR"; AS=(runuser -u postgres --); fi
-"${AS[@]}" "$BIN/initdb" -D "$DIR/pgdata" -U postgres -A trust -E UTF8 --locale=C >/dev/null
-"${AS[@]}" "$BIN/pg_ctl" start -D "$DIR/pgdata" -w -s -l "$DIR/pg.log" \
-    -o "-c listen_addresses='' -k $DIR -p 5499 -c max_connections=300 -c TimeZone=UTC"
-BROKER_PID=
-cleanup() {
-    [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null && wait "$BROKER_PID" 2>/dev/null || true
-    "${AS[@]}" "$BIN/pg_ctl" stop -D "$DIR/pgdata" -m fast -s || true
-    rm -rf "$DIR"
-}
-trap cleanup EXIT
-PSQL=("$BIN/psql" -q -h "$DIR" -p 5499 -U postgres -d postgres)
-
-QUEEN_DATABASE_URL="host=$DIR port=5499 user=postgres dbname=postgres" HOST=127.0.0.1 PORT=6690 \
-    LOG_LEVEL=warn ./target/release/queen serve &
-BROKER_PID=$!
-for _ in $(seq 1 100); do curl -sf http://127.0.0.1:6690/health >/dev/null && break; sleep 0.1; done
+source "$(dirname "$0")/lib/bench-cluster.sh"
+start_broker
 
 echo "== broker: push, batch 1 and batch 100, $PARTITIONS partitions, $CLIENTS clients, ${PAYLOAD}-byte payloads"
-./target/release/queen-bench --url http://127.0.0.1:6690 push --batch 1 --partitions "$PARTITIONS" \
+./target/release/queen-bench --url "$BROKER_URL" push --batch 1 --partitions "$PARTITIONS" \
     --concurrency "$CLIENTS" --duration "$DURATION" --payload-size "$PAYLOAD"
-./target/release/queen-bench --url http://127.0.0.1:6690 push --batch 100 --partitions "$PARTITIONS" \
+./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions "$PARTITIONS" \
     --concurrency "$CLIENTS" --duration "$DURATION" --payload-size "$PAYLOAD"
-kill "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null || true; BROKER_PID=
+stop_broker
 
 echo "== baseline: pgbench on the same PostgreSQL, $CLIENTS clients"
 "${PSQL[@]}" -c "CREATE TABLE bench_rows (id bigserial PRIMARY KEY, payload text NOT NULL)"

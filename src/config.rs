@@ -86,6 +86,8 @@ pub struct Config {
     pub log_json: bool,
     pub coalesce: CoalesceConfig,
     pub pop: PopConfig,
+    /// How often per-queue settings cached in the broker are reloaded.
+    pub queue_cache_refresh: Duration,
 }
 
 /// A variable that does not parse.
@@ -215,6 +217,7 @@ impl Config {
                 hotlist: env.boolean(&["QUEEN_HOTLIST"], true)?,
                 hotlist_reseed: ms(&["QUEEN_HOTLIST_RESEED_MS"], 30_000, 100)?,
             },
+            queue_cache_refresh: ms(&["QUEEN_CACHE_REFRESH_INTERVAL_MS"], 60_000, 50)?,
         })
     }
 
@@ -249,6 +252,7 @@ impl Config {
         ("DEFAULT_SUBSCRIPTION_MODE", "all", "where a named group starts when its first pop names no mode (all or new)"),
         ("QUEEN_HOTLIST", "true", "broker-side candidate ring; false = SQL candidate scan"),
         ("QUEEN_HOTLIST_RESEED_MS", "30000", "how often a candidate ring is reseeded from SQL"),
+        ("QUEEN_CACHE_REFRESH_INTERVAL_MS", "60000", "how often per-queue settings cached in the broker (minPopWaitTime) are reloaded"),
     ];
 
     /// The variable table as text, for `--help`.

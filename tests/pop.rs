@@ -490,3 +490,87 @@ async fn two_thousand_parked_pops_hold_a_handful_of_connections() {
     }
     assert_eq!(ok, 2000);
 }
+
+/// A broker whose queue `mw` has minPopWaitTime = `window_ms`, with its ring
+/// for the queue-mode group known and empty.
+async fn min_wait_broker(window_ms: i32) -> Broker {
+    let b = Broker::start_with(&[("QUEEN_CACHE_REFRESH_INTERVAL_MS", "100")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/mw").await.status, 204);
+    b.sql().await.execute("UPDATE queen.queues SET min_pop_wait_time = $1 WHERE name = 'mw'", &[&window_ms]).await.unwrap();
+    assert_eq!(b.pop("/api/v1/pop/queue/mw").await.status, 204); // the ring's first reseed
+    tokio::time::sleep(Duration::from_millis(300)).await; // two cache refreshes
+    b
+}
+
+#[tokio::test]
+async fn min_pop_wait_holds_an_under_full_batch_until_the_window_elapses() {
+    let b = min_wait_broker(800).await;
+    b.push_to("mw", "p", &[json!(1), json!(2)]).await;
+    let started = Instant::now();
+    let r = b.pop("/api/v1/pop/queue/mw?wait=true&batch=10&timeout=5000").await;
+    assert_eq!(r.data(), [json!(1), json!(2)]);
+    assert!(started.elapsed() >= Duration::from_millis(750), "held {:?}", started.elapsed());
+    // batch 1, or no wait: never held.
+    b.push_to("mw", "q", &[json!(3)]).await;
+    let started = Instant::now();
+    assert_eq!(b.pop("/api/v1/pop/queue/mw?wait=false&batch=10").await.data(), [json!(3)]);
+    assert!(started.elapsed() < Duration::from_millis(500));
+}
+
+#[tokio::test]
+async fn min_pop_wait_ends_when_the_batch_would_fill() {
+    let b = min_wait_broker(10_000).await;
+    b.push_to("mw", "p", &[json!(1), json!(2)]).await;
+    let started = Instant::now();
+    let waiter = {
+        let url = format!("{}/api/v1/pop/queue/mw?wait=true&batch=4&timeout=20000", b.url);
+        tokio::spawn(async move { reqwest::get(url).await.unwrap().json::<Value>().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.push_to("mw", "p", &[json!(3), json!(4)]).await;
+    let body = waiter.await.unwrap();
+    assert_eq!(body["messages"].as_array().unwrap().len(), 4);
+    assert!(started.elapsed() < Duration::from_millis(3000), "released by the full batch, not the window");
+}
+
+#[tokio::test]
+async fn min_pop_wait_never_delays_an_empty_queue_or_the_deadline() {
+    let b = min_wait_broker(10_000).await;
+    let started = Instant::now();
+    assert_eq!(b.pop("/api/v1/pop/queue/mw?wait=true&batch=10&timeout=300").await.status, 204);
+    assert!(started.elapsed() < Duration::from_millis(2000));
+    b.push_to("mw", "p", &[json!(1)]).await;
+    let started = Instant::now();
+    assert_eq!(b.pop("/api/v1/pop/queue/mw?wait=true&batch=10&timeout=400").await.data(), [json!(1)]);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(350) && took < Duration::from_millis(2000), "bounded by the deadline: {took:?}");
+}
+
+#[tokio::test]
+async fn the_empty_scan_watermark_advances_only_when_the_group_has_nothing_pending() {
+    let b = Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await;
+    b.push_to("wm", "p", &[json!(1)]).await;
+    let leased = b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await;
+    assert_eq!(leased.status, 200);
+    let sql = b.sql().await;
+    let qid: i64 = sql.query_one("SELECT id FROM queen.queues WHERE name = 'wm'", &[]).await.unwrap().get(0);
+    let watermark = || async {
+        sql.query_opt("SELECT watermark = '-infinity'::timestamptz FROM queen.scan_watermarks WHERE queue_id = $1 AND consumer_group = 'g'", &[&qid])
+            .await
+            .unwrap()
+            .map(|r| r.get::<_, bool>(0))
+    };
+    // The scan claimed nothing because of the lease: the floor stays.
+    assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.status, 204);
+    assert_eq!(watermark().await, Some(true), "a lease-held backlog keeps the watermark at its floor");
+    // Once everything is committed, the next re-check (30 s later) advances it.
+    let pid: i64 = leased.body.unwrap()["partitionId"].as_str().unwrap().parse().unwrap();
+    b.commit_cursor(pid, "g", 0).await;
+    sql.execute("SELECT queen.note_empty_scan_v1($1, 'g', now() + interval '10 seconds')", &[&qid]).await.unwrap();
+    assert_eq!(watermark().await, Some(true), "throttled to once every 30 seconds");
+    sql.execute("SELECT queen.note_empty_scan_v1($1, 'g', now() + interval '31 seconds')", &[&qid]).await.unwrap();
+    assert_eq!(watermark().await, Some(false), "advanced: the queue is genuinely empty for g");
+    // New writes after the watermark are still candidates.
+    b.push_to("wm", "p", &[json!(2)]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.data(), [json!(2)]);
+}

@@ -42,6 +42,15 @@ enum Scenario {
         #[arg(long)]
         queue: Option<String>,
     },
+    /// Long-poll wake latency: one parked pop, one push, repeated
+    Wake {
+        /// Number of trials
+        #[arg(long, default_value_t = 200)]
+        trials: usize,
+        /// How long the pop is parked before the push, in ms
+        #[arg(long, default_value_t = 50)]
+        park_ms: u64,
+    },
 }
 
 #[tokio::main]
@@ -53,7 +62,75 @@ async fn main() {
             push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size)
                 .await
         }
+        Scenario::Wake { trials, park_ms } => wake(&cli.url, trials, Duration::from_millis(park_ms)).await,
     }
+}
+
+/// Percentile (0..=1) of sorted durations, in milliseconds.
+fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+async fn wake(url: &str, trials: usize, park: Duration) {
+    let queue = format!("bench.wake.{}", uuid::Uuid::now_v7().simple());
+    let client = reqwest::Client::new();
+    let pop_url = format!("{url}/api/v1/pop/queue/{queue}?wait=true&timeout=10000&autoAck=true&batch=10");
+    // First contact outside the measurement.
+    let _ = client.get(format!("{url}/api/v1/pop/queue/{queue}?autoAck=true")).send().await;
+    let (mut from_send, mut from_commit) = (Vec::new(), Vec::new());
+    let mut missed = 0;
+    for i in 0..trials {
+        let popper = {
+            let client = client.clone();
+            let pop_url = pop_url.clone();
+            tokio::spawn(async move {
+                let r = client.get(&pop_url).send().await.ok()?;
+                let ok = r.status().as_u16() == 200;
+                let _ = r.bytes().await;
+                ok.then(Instant::now)
+            })
+        };
+        tokio::time::sleep(park).await;
+        let sent = Instant::now();
+        let body = json!({"items": [{"queue": queue, "payload": i}]});
+        let r = client.post(format!("{url}/api/v1/push")).json(&body).send().await;
+        let committed = Instant::now();
+        if !matches!(r, Ok(ref r) if r.status().as_u16() == 201) {
+            missed += 1;
+            continue;
+        }
+        match popper.await.ok().flatten() {
+            Some(answered) => {
+                from_send.push(answered.saturating_duration_since(sent));
+                from_commit.push(answered.saturating_duration_since(committed));
+            }
+            None => missed += 1,
+        }
+    }
+    from_send.sort();
+    from_commit.sort();
+    println!("scenario  trials  measured-from        p50 ms   p90 ms   p99 ms   max ms   missed");
+    for (label, v) in [("push sent", &from_send), ("push answered 201", &from_commit)] {
+        println!(
+            "wake      {trials:<7} {label:<20} {:<8.2} {:<8.2} {:<8.2} {:<8.2} {missed}",
+            percentile_ms(v, 0.5),
+            percentile_ms(v, 0.9),
+            percentile_ms(v, 0.99),
+            percentile_ms(v, 1.0)
+        );
+    }
+    println!(
+        "{}",
+        json!({"scenario": "wake", "trials": trials, "missed": missed,
+               "from_push_sent_ms": {"p50": percentile_ms(&from_send, 0.5), "p90": percentile_ms(&from_send, 0.9),
+                                     "p99": percentile_ms(&from_send, 0.99), "max": percentile_ms(&from_send, 1.0)},
+               "from_push_answered_ms": {"p50": percentile_ms(&from_commit, 0.5), "p90": percentile_ms(&from_commit, 0.9),
+                                         "p99": percentile_ms(&from_commit, 0.99), "max": percentile_ms(&from_commit, 1.0)}})
+    );
 }
 
 async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurrency: usize, duration: Duration, payload_size: usize) {
@@ -99,13 +176,7 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
     }
     let secs = started.elapsed().as_secs_f64();
     latencies.sort();
-    let pct = |p: f64| -> f64 {
-        if latencies.is_empty() {
-            return 0.0;
-        }
-        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-        latencies[i].as_secs_f64() * 1000.0
-    };
+    let pct = |p: f64| percentile_ms(&latencies, p);
     let rate = sent as f64 / secs;
     println!("scenario  batch  partitions  concurrency  payload  seconds  messages   msg/s      req p50 ms  req p99 ms  errors");
     println!(

@@ -64,14 +64,20 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Body)
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
-/// Tells the pop side which partitions just received data (once each).
+/// Tells the pop side which partitions just received how many messages.
 fn notify_consumers(state: &AppState, results: &[ItemResult]) {
-    let mut seen = std::collections::HashSet::new();
+    let mut counts: Vec<(&ItemResult, u64)> = Vec::new();
+    let mut slot: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
     for r in results {
         if let Outcome::Queued { partition_id, .. } = r.outcome {
-            if seen.insert(partition_id) {
-                state.pop.pushed(&r.queue, partition_id, &r.partition);
-            }
+            let i = *slot.entry(partition_id).or_insert_with(|| {
+                counts.push((r, 0));
+                counts.len() - 1
+            });
+            counts[i].1 += 1;
         }
+    }
+    for (r, n) in counts {
+        state.pop.pushed(&r.queue, r.outcome.partition_id(), &r.partition, n);
     }
 }

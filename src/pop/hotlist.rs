@@ -32,6 +32,10 @@ enum Member {
 struct Ring {
     ready: VecDeque<(i64, Arc<str>)>,
     members: HashMap<i64, Member>,
+    /// Messages believed pending per member: counted from pushes while the
+    /// member is known to have started empty; `None` once that is not known
+    /// (reseeded, or claimed and possibly left with more).
+    estimates: HashMap<i64, Option<u64>>,
     last_reseed: Option<Instant>,
 }
 
@@ -87,6 +91,7 @@ impl HotList {
         rings.entry(queue.to_string()).or_default().entry(group.to_string()).or_insert_with(|| Ring {
             ready: VecDeque::new(),
             members: HashMap::new(),
+            estimates: HashMap::new(),
             last_reseed: None,
         });
     }
@@ -96,21 +101,37 @@ impl HotList {
         self.rings.lock().expect("hot-list lock poisoned").remove(queue);
     }
 
-    /// A push committed to partition `pid` of `queue`: every group's ring learns it.
-    pub fn pushed(&self, queue: &str, pid: i64, partition: &str) {
+    /// `count` messages committed to partition `pid` of `queue`: every
+    /// group's ring learns it.
+    pub fn pushed(&self, queue: &str, pid: i64, partition: &str, count: u64) {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
         if let Some(groups) = rings.get_mut(queue) {
             let name: Arc<str> = Arc::from(partition);
             for ring in groups.values_mut() {
+                let fresh = !ring.members.contains_key(&pid);
                 ring.offer(pid, &name);
+                let e = ring.estimates.entry(pid).or_insert(if fresh { Some(0) } else { None });
+                *e = e.map(|n| n + count);
             }
         }
+    }
+
+    /// Messages believed ready to claim for (queue, group): `None` when the
+    /// ring cannot say (no ring, or a ready member of unknown depth).
+    pub fn estimate(&self, queue: &str, group: &str) -> Option<u64> {
+        self.with_ring(queue, group, |r| {
+            r.ready.iter().try_fold(0u64, |sum, (pid, _)| r.estimates.get(pid).copied().flatten().map(|n| sum + n))
+        })
+        .flatten()
     }
 
     /// Adds every partition SQL says has pending data.
     pub fn reseed(&self, queue: &str, group: &str, pending: Vec<(i64, String)>) {
         self.with_ring(queue, group, |r| {
             for (pid, name) in pending {
+                if !r.members.contains_key(&pid) {
+                    r.estimates.insert(pid, None);
+                }
                 r.offer(pid, &Arc::from(name.as_str()));
             }
             r.last_reseed = Some(Instant::now());
@@ -144,8 +165,12 @@ impl HotList {
             match verdict {
                 Some(Verdict::Empty) if !dirty => {
                     r.members.remove(&pid);
+                    r.estimates.remove(&pid);
                 }
-                Some(_) => {
+                Some(v) => {
+                    if matches!(v, Verdict::Claimed | Verdict::Empty) {
+                        r.estimates.insert(pid, None);
+                    }
                     r.members.insert(pid, Member::Ready);
                     r.ready.push_back((pid, name.clone()));
                 }
@@ -249,9 +274,9 @@ mod tests {
     fn pushes_feed_every_group_of_the_queue_once() {
         let l = list();
         l.create("q", "h");
-        l.pushed("q", 1, "p1");
-        l.pushed("q", 1, "p1");
-        l.pushed("other", 2, "p2");
+        l.pushed("q", 1, "p1", 1);
+        l.pushed("q", 1, "p1", 1);
+        l.pushed("other", 2, "p2", 1);
         assert_eq!(l.ready_len("q", "g"), 1);
         assert_eq!(l.ready_len("q", "h"), 1);
         assert_eq!(l.plan("q", "g"), Plan::Claim { reseed: false });
@@ -261,7 +286,7 @@ mod tests {
     fn verdicts_decide_who_stays() {
         let l = list();
         for p in 1..=4 {
-            l.pushed("q", p, "p");
+            l.pushed("q", p, "p", 1);
         }
         let c = l.checkout("q", "g", 3);
         assert_eq!(c.pids(), [1, 2, 3]);
@@ -275,18 +300,34 @@ mod tests {
     #[test]
     fn a_push_during_checkout_survives_an_empty_verdict() {
         let l = list();
-        l.pushed("q", 7, "p");
+        l.pushed("q", 7, "p", 1);
         let c = l.checkout("q", "g", 1);
-        l.pushed("q", 7, "p");
+        l.pushed("q", 7, "p", 1);
         c.settle(&HashMap::from([(7, Verdict::Empty)]));
         assert_eq!(l.ready_len("q", "g"), 1);
     }
 
     #[test]
+    fn the_estimate_counts_pushes_into_known_empty_members_only() {
+        let l = list();
+        assert_eq!(l.estimate("q", "g"), Some(0));
+        l.pushed("q", 1, "p", 3);
+        l.pushed("q", 2, "p", 2);
+        l.pushed("q", 1, "p", 1);
+        assert_eq!(l.estimate("q", "g"), Some(6));
+        let c = l.checkout("q", "g", 1);
+        c.settle(&HashMap::from([(1, Verdict::Claimed)]));
+        assert_eq!(l.estimate("q", "g"), None, "a claimed member may hold more than we know");
+        l.reseed("q", "g", vec![(9, "r".into())]);
+        assert_eq!(l.estimate("q", "g"), None);
+        assert_eq!(HotList::new(Duration::from_secs(1)).estimate("x", "g"), None);
+    }
+
+    #[test]
     fn a_dropped_checkout_puts_its_candidates_back() {
         let l = list();
-        l.pushed("q", 1, "p");
-        l.pushed("q", 2, "p");
+        l.pushed("q", 1, "p", 1);
+        l.pushed("q", 2, "p", 1);
         {
             let c = l.checkout("q", "g", 2);
             assert_eq!(l.ready_len("q", "g"), 0);

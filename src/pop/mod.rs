@@ -10,6 +10,7 @@
 
 pub mod claim;
 pub mod hotlist;
+pub mod min_wait;
 pub mod params;
 pub mod render;
 pub mod wake;
@@ -62,6 +63,7 @@ pub struct PopService {
     pool_wait: Duration,
     pub hotlist: Arc<HotList>,
     pub wake: Arc<WakeGates>,
+    pub min_wait: Arc<min_wait::MinPopWait>,
     permits: Semaphore,
     maintenance: AtomicBool,
     /// Flipped on shutdown: parked long-polls answer 204 at once.
@@ -76,6 +78,7 @@ impl PopService {
             cfg,
             pool_wait,
             wake: Arc::new(WakeGates::default()),
+            min_wait: Arc::new(min_wait::MinPopWait::default()),
             // Leave a quarter of the pool to pushes and acks.
             permits: Semaphore::new((pool_size * 3 / 4).max(1)),
             maintenance: AtomicBool::new(false),
@@ -101,9 +104,10 @@ impl PopService {
         self.maintenance.load(Ordering::SeqCst)
     }
 
-    /// A push committed to (queue, partition): feed the rings, mark the gate.
-    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str) {
-        self.hotlist.pushed(queue, partition_id, partition);
+    /// `count` messages committed to (queue, partition): feed the rings,
+    /// mark the gate.
+    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
+        self.hotlist.pushed(queue, partition_id, partition, count);
         self.wake.pushed(queue);
     }
 
@@ -125,7 +129,18 @@ impl PopService {
         };
         let mut attempt = 0u32;
         let mut closing = self.closing.subscribe();
+        let mut held = false;
         loop {
+            if let (Route::Wildcard { queue }, false) = (route, held) {
+                if p.wait && p.batch > 1 && self.cfg.hotlist {
+                    if let Some(window) = self.min_wait.window(queue) {
+                        held = min_wait::hold_for_a_fuller_batch(
+                            &self.hotlist, &gate, queue, &p.group, p.batch, window, deadline,
+                        )
+                        .await;
+                    }
+                }
+            }
             // Listen before looking, so a push between the look and the wait wakes us.
             let woken = gate.notified();
             tokio::pin!(woken);

@@ -1,0 +1,36 @@
+# Sourced by the bench scripts: a private, durable PostgreSQL cluster
+# (default settings: fsync and synchronous commit on) on a unix socket, and a
+# release broker on it. Everything stays on localhost; cleanup runs on exit.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+bash scripts/ensure-postgres.sh
+cargo build --locked --release --bins -q
+BIN=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
+DIR=$(mktemp -d /tmp/queen-bench-XXXXXX)
+AS=()
+if [ "$(id -u)" = 0 ]; then chown postgres: "$DIR"; AS=(runuser -u postgres --); fi
+"${AS[@]}" "$BIN/initdb" -D "$DIR/pgdata" -U postgres -A trust -E UTF8 --locale=C >/dev/null
+"${AS[@]}" "$BIN/pg_ctl" start -D "$DIR/pgdata" -w -s -l "$DIR/pg.log" \
+    -o "-c listen_addresses='' -k $DIR -p 5499 -c max_connections=300 -c TimeZone=UTC"
+BROKER_PID=
+BROKER_URL=http://127.0.0.1:6690
+bench_cleanup() {
+    if [ -n "$BROKER_PID" ]; then kill "$BROKER_PID" 2>/dev/null || true; wait "$BROKER_PID" 2>/dev/null || true; fi
+    "${AS[@]}" "$BIN/pg_ctl" stop -D "$DIR/pgdata" -m fast -s || true
+    rm -rf "$DIR"
+}
+trap bench_cleanup EXIT
+PSQL=("$BIN/psql" -q -h "$DIR" -p 5499 -U postgres -d postgres)
+
+start_broker() {
+    QUEEN_DATABASE_URL="host=$DIR port=5499 user=postgres dbname=postgres" HOST=127.0.0.1 PORT=6690 \
+        LOG_LEVEL=warn ./target/release/queen serve &
+    BROKER_PID=$!
+    for _ in $(seq 1 100); do curl -sf "$BROKER_URL/health" >/dev/null && return 0; sleep 0.1; done
+    echo "broker did not start" >&2
+    return 1
+}
+
+stop_broker() {
+    kill "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null || true; BROKER_PID=
+}
