@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::ack::{AckRegistry, AckService};
 use crate::config::{Config, Database};
 use crate::db;
 use crate::embedded_pg::EmbeddedCluster;
@@ -123,11 +124,13 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| BootError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(BootError::Serve)?;
     let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone());
-    let pop = PopService::new(store.pool.clone(), config.pop.clone(), config.pool_size, config.pool_wait);
+    let registry = Arc::new(AckRegistry::new(config.ack_registry_bytes));
+    let pop = PopService::new(store.pool.clone(), config.pop.clone(), config.pool_size, config.pool_wait, registry.clone());
+    let ack = Arc::new(AckService::new(store.pool.clone(), registry));
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
     pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
-    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone() };
+    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack };
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
         let pop = pop.clone();

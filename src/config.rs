@@ -88,6 +88,8 @@ pub struct Config {
     pub pop: PopConfig,
     /// How often per-queue settings cached in the broker are reloaded.
     pub queue_cache_refresh: Duration,
+    /// Memory bound of the ack registry.
+    pub ack_registry_bytes: usize,
 }
 
 /// A variable that does not parse.
@@ -218,6 +220,7 @@ impl Config {
                 hotlist_reseed: ms(&["QUEEN_HOTLIST_RESEED_MS"], 30_000, 100)?,
             },
             queue_cache_refresh: ms(&["QUEEN_CACHE_REFRESH_INTERVAL_MS"], 60_000, 50)?,
+            ack_registry_bytes: env.parse(&["QUEEN_ACK_REGISTRY_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
         })
     }
 
@@ -253,6 +256,7 @@ impl Config {
         ("QUEEN_HOTLIST", "true", "broker-side candidate ring; false = SQL candidate scan"),
         ("QUEEN_HOTLIST_RESEED_MS", "30000", "how often a candidate ring is reseeded from SQL"),
         ("QUEEN_CACHE_REFRESH_INTERVAL_MS", "60000", "how often per-queue settings cached in the broker (minPopWaitTime) are reloaded"),
+        ("QUEEN_ACK_REGISTRY_MB", "64", "memory for the ack registry (leased batches resolved without PostgreSQL; 0 = always use the index)"),
     ];
 
     /// The variable table as text, for `--help`.

@@ -6,6 +6,7 @@
 //! used when no database is configured, `config` every setting, and `app`
 //! boot and shutdown.
 
+pub mod ack;
 pub mod app;
 pub mod config;
 pub mod db;

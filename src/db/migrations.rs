@@ -29,6 +29,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(1, "0001_log_schema.sql"),
     migration!(2, "0002_push.sql"),
     migration!(3, "0003_pop.sql"),
+    migration!(4, "0004_ack.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -49,6 +49,15 @@ impl From<&crate::push::PushError> for ApiError {
     }
 }
 
+impl From<crate::db::DbError> for ApiError {
+    fn from(e: crate::db::DbError) -> Self {
+        match e {
+            crate::db::DbError::Pool(_) => ApiError::Pool,
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
 impl From<crate::pop::PopError> for ApiError {
     fn from(e: crate::pop::PopError) -> Self {
         match e {

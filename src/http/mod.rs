@@ -2,6 +2,7 @@
 //! conversion of errors into JSON answers. Handlers are thin: parse, call the
 //! path that does the work, render.
 
+pub mod ack;
 pub mod body;
 pub mod error;
 pub mod health;
@@ -17,6 +18,7 @@ use axum::Router;
 use deadpool_postgres::Pool;
 
 use crate::config::Config;
+use crate::ack::AckService;
 use crate::pop::PopService;
 use crate::push::Coalescer;
 use error::ApiError;
@@ -28,6 +30,7 @@ pub struct AppState {
     pub pool: Pool,
     pub coalescer: Coalescer,
     pub pop: Arc<PopService>,
+    pub ack: Arc<AckService>,
 }
 
 /// The whole route table.
@@ -38,6 +41,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/pop", get(pop::pop_discovery))
         .route("/api/v1/pop/queue/{queue}", get(pop::pop_queue))
         .route("/api/v1/pop/queue/{queue}/partition/{partition}", get(pop::pop_partition))
+        .route("/api/v1/ack", post(ack::ack_one))
+        .route("/api/v1/ack/batch", post(ack::ack_batch))
+        .route("/api/v1/lease/{lease_id}/extend", post(ack::extend_lease))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -64,6 +64,7 @@ pub struct PopService {
     pub hotlist: Arc<HotList>,
     pub wake: Arc<WakeGates>,
     pub min_wait: Arc<min_wait::MinPopWait>,
+    registry: Arc<crate::ack::AckRegistry>,
     permits: Semaphore,
     maintenance: AtomicBool,
     /// Flipped on shutdown: parked long-polls answer 204 at once.
@@ -71,7 +72,13 @@ pub struct PopService {
 }
 
 impl PopService {
-    pub fn new(pool: Pool, cfg: PopConfig, pool_size: usize, pool_wait: Duration) -> Arc<PopService> {
+    pub fn new(
+        pool: Pool,
+        cfg: PopConfig,
+        pool_size: usize,
+        pool_wait: Duration,
+        registry: Arc<crate::ack::AckRegistry>,
+    ) -> Arc<PopService> {
         Arc::new(PopService {
             pool,
             hotlist: HotList::new(cfg.hotlist_reseed),
@@ -79,6 +86,7 @@ impl PopService {
             pool_wait,
             wake: Arc::new(WakeGates::default()),
             min_wait: Arc::new(min_wait::MinPopWait::default()),
+            registry,
             // Leave a quarter of the pool to pushes and acks.
             permits: Semaphore::new((pool_size * 3 / 4).max(1)),
             maintenance: AtomicBool::new(false),
@@ -146,8 +154,11 @@ impl PopService {
             tokio::pin!(woken);
             woken.as_mut().enable();
             let result = self.attempt(route, p, &lease_id).await?;
-            if let Some(body) = render::render(&result.claimed, top_queue, &lease_id, p)? {
-                return Ok(Some(body));
+            if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p)? {
+                for (pid, batch) in rendered.batches {
+                    self.registry.record(&lease_id, pid, batch);
+                }
+                return Ok(Some(rendered.body));
             }
             let now = Instant::now();
             if now >= deadline || self.maintenance() || *closing.borrow() {

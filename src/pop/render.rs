@@ -26,14 +26,22 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(&mut *out, s).expect("writing to a Vec does not fail");
 }
 
+/// A rendered answer, with what a leased pop hands the ack registry: per
+/// partition, the delivered transactionIds and their offsets.
+pub struct Rendered {
+    pub body: Vec<u8>,
+    pub batches: Vec<(i64, Vec<(String, i64)>)>,
+}
+
 /// Renders the 200 body; `None` when nothing was delivered.
 pub fn render(
     claimed: &[ClaimedPartition],
     top_queue: &str,
     lease_id: &str,
     p: &PopParams,
-) -> Result<Option<Vec<u8>>, CorruptSegment> {
+) -> Result<Option<Rendered>, CorruptSegment> {
     let Some(first) = claimed.first() else { return Ok(None) };
+    let mut batches = Vec::new();
     let mut out = Vec::with_capacity(1024);
     out.extend_from_slice(b"{\"success\":true,\"queue\":");
     json_str(&mut out, top_queue);
@@ -54,6 +62,7 @@ pub fn render(
         pid_and_rest.extend_from_slice(b",\"consumerGroup\":");
         json_str(&mut pid_and_rest, &p.group);
         pid_and_rest.push(b'}');
+        let mut batch = Vec::new();
         for seg in &c.segments {
             let corrupt = |detail: String| CorruptSegment { partition_id: c.partition_id, base_offset: seg.base_offset, detail };
             let frames = decompress_frames(&seg.blob, SEGMENT_LIMIT).map_err(|e| corrupt(e.to_string()))?;
@@ -80,11 +89,17 @@ pub fn render(
                 }
                 write!(out, ",\"createdAt\":\"{created}\"").expect("vec write");
                 out.extend_from_slice(&pid_and_rest);
+                if !lease_id.is_empty() {
+                    batch.push((f.transaction_id.to_string(), seg.base_offset + (seg.start_idx + taken) as i64));
+                }
                 taken += 1;
             }
             if taken != seg.take {
                 return Err(corrupt(format!("holds fewer frames than the {} to deliver", seg.take)));
             }
+        }
+        if !batch.is_empty() {
+            batches.push((c.partition_id, batch));
         }
     }
     write!(out, "],\"partitionsClaimed\":{}", claimed.len()).expect("vec write");
@@ -93,5 +108,5 @@ pub fn render(
             .expect("vec write");
     }
     out.push(b'}');
-    Ok(Some(out))
+    Ok(Some(Rendered { body: out, batches }))
 }

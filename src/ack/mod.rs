@@ -1,0 +1,297 @@
+//! The commit path: an ack is an offset commit (API.md §2.3).
+//!
+//! Each transactionId is resolved to its offset (the registry a leased pop
+//! filled, then the transaction index), acks are grouped by (partition,
+//! lease), and each group is applied by one call to `queen.ack_v1`, where the
+//! lease check, implicit acks, clamping, the retry budget and the DLQ live.
+//! The broker's part beyond resolution is the DLQ snapshot: only it can
+//! decode the head message out of its segment.
+
+pub mod registry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use tokio_postgres::types::ToSql;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::log::{decompress_frames, FrameReader};
+use crate::push::coalescer::txn_hash;
+pub use registry::AckRegistry;
+
+/// What an ack says about its message, normalized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckStatus {
+    Completed,
+    Failed,
+    Retry,
+    Dlq,
+}
+
+impl AckStatus {
+    /// Absent → completed; completed/success/acked/ok → completed; retry;
+    /// dlq; anything else → failed.
+    pub fn normalize(status: Option<&str>) -> AckStatus {
+        match status.map(|s| s.trim().to_ascii_lowercase()) {
+            None => AckStatus::Completed,
+            Some(s) => match s.as_str() {
+                "" | "completed" | "success" | "acked" | "ok" => AckStatus::Completed,
+                "retry" => AckStatus::Retry,
+                "dlq" => AckStatus::Dlq,
+                _ => AckStatus::Failed,
+            },
+        }
+    }
+
+    fn as_sql(self) -> &'static str {
+        match self {
+            AckStatus::Completed => "completed",
+            AckStatus::Failed => "failed",
+            AckStatus::Retry => "retry",
+            AckStatus::Dlq => "dlq",
+        }
+    }
+}
+
+/// One acknowledgement as received.
+#[derive(Debug, Clone)]
+pub struct AckItem {
+    pub transaction_id: String,
+    pub partition_id: String,
+    pub status: AckStatus,
+    pub error: Option<String>,
+    pub lease_id: Option<String>,
+    pub group: String,
+}
+
+/// The answer for one acknowledgement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AckOutcome {
+    pub index: usize,
+    pub transaction_id: String,
+    pub success: bool,
+    pub error: Option<String>,
+    pub lease_released: bool,
+    pub dlq: bool,
+    pub noop: bool,
+}
+
+/// A lease released by an ack: the partition may have something to redeliver.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Released {
+    pub lease_id: String,
+    pub partition_id: i64,
+}
+
+pub const UNRESOLVABLE: &str =
+    "unresolvable: transaction not in the ack window (hash purged or never pushed); if leased, the message redelivers";
+
+const ACK_SQL: &str = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+const INDEX_SQL: &str =
+    "SELECT txn_hash, msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = ANY ($2)";
+const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
+     WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
+
+/// The head message of a dead-lettering ack, decoded from its segment.
+#[derive(Debug, Default)]
+struct Snapshot {
+    offset: Option<i64>,
+    message_id: Option<Uuid>,
+    transaction_id: Option<String>,
+    trace_id: Option<Uuid>,
+    producer_sub: Option<String>,
+    payload: Option<String>,
+    created_at: Option<DateTime<Utc>>,
+}
+
+/// The commit side of the broker.
+pub struct AckService {
+    pool: Pool,
+    pub registry: Arc<AckRegistry>,
+}
+
+impl AckService {
+    pub fn new(pool: Pool, registry: Arc<AckRegistry>) -> AckService {
+        AckService { pool, registry }
+    }
+
+    /// Applies acknowledgements; outcomes come back in request order, plus the
+    /// leases the acks released.
+    pub async fn ack(&self, items: &[AckItem]) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
+        let client = self.pool.get().await?;
+        self.ack_on(&client, items).await
+    }
+
+    /// The same on a caller's connection (transactions run it inside theirs).
+    pub async fn ack_on(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        items: &[AckItem],
+    ) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
+        let mut outcomes: Vec<Option<AckOutcome>> = vec![None; items.len()];
+        let mut released = Vec::new();
+        // Group by (partition, group, lease), keeping request order inside.
+        let mut groups: Vec<((i64, String, String), Vec<usize>)> = Vec::new();
+        let mut slot: HashMap<(i64, String, String), usize> = HashMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let Ok(pid) = item.partition_id.trim().parse::<i64>() else {
+                outcomes[i] = Some(failure(i, item, UNRESOLVABLE));
+                continue;
+            };
+            let key = (pid, item.group.clone(), item.lease_id.clone().unwrap_or_default());
+            let g = *slot.entry(key.clone()).or_insert_with(|| {
+                groups.push((key, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        for ((pid, group, lease), idxs) in groups {
+            let offsets = self.resolve(client, pid, &lease, &idxs, items).await?;
+            let statuses: Vec<&str> = idxs.iter().map(|&i| items[i].status.as_sql()).collect();
+            let errors: Vec<Option<&str>> = idxs.iter().map(|&i| items[i].error.as_deref()).collect();
+            let lease_arg: Option<&str> = (!lease.is_empty()).then_some(lease.as_str());
+            let mut snapshot = Snapshot::default();
+            let rows = loop {
+                let s = &snapshot;
+                let args: [&(dyn ToSql + Sync); 13] = [
+                    &pid, &group, &lease_arg, &offsets, &statuses, &errors, &s.offset, &s.message_id,
+                    &s.transaction_id, &s.trace_id, &s.producer_sub, &s.payload, &s.created_at,
+                ];
+                let stmt = client.prepare_cached(ACK_SQL).await?;
+                let rows = client.query(&stmt, &args).await?;
+                let wants = rows.first().filter(|r| r.get::<_, i32>("o_index") == -1).map(|r| r.get::<_, i64>("o_committed"));
+                match wants {
+                    Some(head) if snapshot.offset != Some(head) => snapshot = self.snapshot(client, pid, head).await?,
+                    Some(_) => return Err(DbError::Config("ack_v1 asked twice for the same snapshot".into())),
+                    None => break rows,
+                }
+            };
+            let mut lease_released = false;
+            for row in rows {
+                let k = row.get::<_, i32>("o_index") as usize;
+                let i = idxs[k];
+                let o = AckOutcome {
+                    index: i,
+                    transaction_id: items[i].transaction_id.clone(),
+                    success: row.get("o_success"),
+                    error: row.get("o_error"),
+                    lease_released: row.get("o_lease_released"),
+                    dlq: row.get("o_dlq"),
+                    noop: row.get("o_noop"),
+                };
+                lease_released |= o.lease_released;
+                outcomes[i] = Some(o);
+            }
+            if lease_released {
+                // The lease this group named, or whichever the row held.
+                if !lease.is_empty() {
+                    self.registry.release(&lease, pid);
+                }
+                released.push(Released { lease_id: lease, partition_id: pid });
+            }
+        }
+        Ok((outcomes.into_iter().map(|o| o.expect("every ack has an outcome")).collect(), released))
+    }
+
+    /// Offsets of the group's transactionIds: the registry first, then one
+    /// query of the transaction index for the rest.
+    async fn resolve(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        pid: i64,
+        lease: &str,
+        idxs: &[usize],
+        items: &[AckItem],
+    ) -> Result<Vec<Option<i64>>, DbError> {
+        let mut offsets: Vec<Option<i64>> =
+            idxs.iter().map(|&i| self.registry.resolve(lease, pid, &items[i].transaction_id)).collect();
+        let missing: Vec<i64> =
+            idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| txn_hash(&items[i].transaction_id)).collect();
+        if !missing.is_empty() {
+            let stmt = client.prepare_cached(INDEX_SQL).await?;
+            let found: HashMap<i64, i64> =
+                client.query(&stmt, &[&pid, &missing]).await?.iter().map(|r| (r.get(0), r.get(1))).collect();
+            for (k, &i) in idxs.iter().enumerate() {
+                if offsets[k].is_none() {
+                    offsets[k] = found.get(&txn_hash(&items[i].transaction_id)).copied();
+                }
+            }
+        }
+        Ok(offsets)
+    }
+
+    async fn snapshot(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        pid: i64,
+        offset: i64,
+    ) -> Result<Snapshot, DbError> {
+        let stmt = client.prepare_cached(SEGMENT_SQL).await?;
+        let mut snap = Snapshot { offset: Some(offset), message_id: Some(Uuid::nil()), ..Snapshot::default() };
+        if let Some(row) = client.query_opt(&stmt, &[&pid, &offset]).await? {
+            let base: i64 = row.get(0);
+            snap.created_at = Some(row.get(1));
+            let blob: &[u8] = row.get(2);
+            if let Ok(frames) = decompress_frames(blob, 256 << 20) {
+                if let Some(Ok(f)) = FrameReader::new(&frames).nth((offset - base) as usize) {
+                    snap.message_id = Some(f.message_id);
+                    snap.transaction_id = Some(f.transaction_id.to_string());
+                    snap.trace_id = f.trace_id;
+                    snap.producer_sub = f.producer_sub.map(str::to_string);
+                    snap.payload = Some(String::from_utf8_lossy(f.payload_json()).into_owned());
+                }
+            }
+        }
+        snap.created_at.get_or_insert_with(Utc::now);
+        snap.transaction_id.get_or_insert_with(String::new);
+        Ok(snap)
+    }
+
+    /// Renews every live lease of `lease_id` by `seconds` (never shortens,
+    /// never revives): how many, and the earliest new expiry.
+    pub async fn extend(&self, lease_id: &str, seconds: i32) -> Result<(i32, Option<DateTime<Utc>>), DbError> {
+        let client = self.pool.get().await?;
+        let pids = self.registry.partitions_of(lease_id);
+        let stmt = client.prepare_cached("SELECT * FROM queen.lease_extend_v1($1, $2, $3)").await?;
+        let row = client.query_one(&stmt, &[&lease_id, &seconds, &pids]).await?;
+        Ok((row.get(0), row.get(1)))
+    }
+}
+
+fn failure(index: usize, item: &AckItem, error: &str) -> AckOutcome {
+    AckOutcome {
+        index,
+        transaction_id: item.transaction_id.clone(),
+        success: false,
+        error: Some(error.to_string()),
+        lease_released: false,
+        dlq: false,
+        noop: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_normalize_as_documented() {
+        use AckStatus::*;
+        for (s, want) in [
+            (None, Completed),
+            (Some("completed"), Completed),
+            (Some("SUCCESS"), Completed),
+            (Some("acked"), Completed),
+            (Some("ok"), Completed),
+            (Some("retry"), Retry),
+            (Some("dlq"), Dlq),
+            (Some("failed"), Failed),
+            (Some("nope"), Failed),
+        ] {
+            assert_eq!(AckStatus::normalize(s), want, "{s:?}");
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The ack registry: what a leased pop handed out, so that an ack can resolve
+//! a transactionId to its offset without asking PostgreSQL.
+//!
+//! Keyed by leaseId, then partition: the batch's transactionIds and offsets.
+//! Bounded in memory (oldest batches are forgotten first); a miss is never an
+//! error, because the transaction index in PostgreSQL is the fallback (an ack
+//! arriving at another broker, or after a restart, still resolves).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+struct Batch {
+    offsets: HashMap<String, i64>,
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    leases: HashMap<String, HashMap<i64, Batch>>,
+    order: VecDeque<(String, i64)>,
+    bytes: usize,
+}
+
+pub struct AckRegistry {
+    inner: Mutex<Inner>,
+    cap_bytes: usize,
+}
+
+/// Rough cost of one entry beyond its transactionId: map slot, offset, order.
+const ENTRY_OVERHEAD: usize = 48;
+
+impl AckRegistry {
+    pub fn new(cap_bytes: usize) -> AckRegistry {
+        AckRegistry { inner: Mutex::new(Inner::default()), cap_bytes }
+    }
+
+    /// Records a leased batch of partition `pid`.
+    pub fn record(&self, lease: &str, pid: i64, entries: Vec<(String, i64)>) {
+        if lease.is_empty() || entries.is_empty() {
+            return;
+        }
+        let bytes: usize = entries.iter().map(|(t, _)| t.len() + ENTRY_OVERHEAD).sum();
+        let mut inner = self.inner.lock().expect("registry lock poisoned");
+        while inner.bytes + bytes > self.cap_bytes {
+            let Some((l, p)) = inner.order.pop_front() else { break };
+            inner.forget(&l, p);
+        }
+        if bytes > self.cap_bytes {
+            return;
+        }
+        inner.forget(lease, pid);
+        inner.bytes += bytes;
+        inner.leases.entry(lease.to_string()).or_default().insert(pid, Batch { offsets: entries.into_iter().collect(), bytes });
+        inner.order.push_back((lease.to_string(), pid));
+    }
+
+    /// The offset of `txn` in the batch `lease` holds on `pid`, if known.
+    pub fn resolve(&self, lease: &str, pid: i64, txn: &str) -> Option<i64> {
+        let inner = self.inner.lock().expect("registry lock poisoned");
+        inner.leases.get(lease)?.get(&pid)?.offsets.get(txn).copied()
+    }
+
+    /// Every partition this broker knows `lease` covers.
+    pub fn partitions_of(&self, lease: &str) -> Option<Vec<i64>> {
+        let inner = self.inner.lock().expect("registry lock poisoned");
+        inner.leases.get(lease).map(|m| m.keys().copied().collect())
+    }
+
+    /// The lease on `pid` was released: its batch is no longer needed.
+    pub fn release(&self, lease: &str, pid: i64) {
+        self.inner.lock().expect("registry lock poisoned").forget(lease, pid);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().expect("registry lock poisoned").bytes
+    }
+}
+
+impl Inner {
+    fn forget(&mut self, lease: &str, pid: i64) {
+        if let Some(parts) = self.leases.get_mut(lease) {
+            if let Some(b) = parts.remove(&pid) {
+                self.bytes -= b.bytes;
+            }
+            if parts.is_empty() {
+                self.leases.remove(lease);
+            }
+        }
+        // The order queue may keep a stale key; it is skipped when reached.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_batch_resolves_until_released() {
+        let r = AckRegistry::new(1 << 20);
+        r.record("L", 7, vec![("a".into(), 10), ("b".into(), 11)]);
+        assert_eq!(r.resolve("L", 7, "b"), Some(11));
+        assert_eq!(r.resolve("L", 8, "b"), None);
+        assert_eq!(r.partitions_of("L"), Some(vec![7]));
+        r.release("L", 7);
+        assert_eq!(r.resolve("L", 7, "a"), None);
+        assert_eq!(r.bytes(), 0);
+        assert_eq!(r.partitions_of("L"), None);
+    }
+
+    #[test]
+    fn the_oldest_batches_are_forgotten_past_the_cap() {
+        let r = AckRegistry::new(3 * (ENTRY_OVERHEAD + 1));
+        r.record("L1", 1, vec![("a".into(), 0), ("b".into(), 1)]);
+        r.record("L2", 1, vec![("c".into(), 2), ("d".into(), 3)]);
+        assert_eq!(r.resolve("L1", 1, "a"), None, "evicted");
+        assert_eq!(r.resolve("L2", 1, "d"), Some(3));
+        assert!(r.bytes() <= 3 * (ENTRY_OVERHEAD + 1));
+    }
+}
