@@ -353,3 +353,38 @@ impl Broker {
             .unwrap();
     }
 }
+
+impl Broker {
+    /// POST /api/v1/ack/batch with (transactionId, partitionId, status, leaseId) items.
+    pub async fn ack_batch(&self, group: Option<&str>, items: &[(&str, &str, &str, Option<&str>)]) -> Vec<serde_json::Value> {
+        let acks: Vec<serde_json::Value> = items
+            .iter()
+            .map(|(t, p, s, l)| {
+                let mut a = serde_json::json!({"transactionId": t, "partitionId": p, "status": s, "error": null});
+                if let Some(l) = l {
+                    a["leaseId"] = serde_json::json!(l);
+                }
+                a
+            })
+            .collect();
+        let (status, body) =
+            self.post("/api/v1/ack/batch", serde_json::json!({"acknowledgments": acks, "consumerGroup": group})).await;
+        assert_eq!(status, 200, "{body}");
+        body.as_array().expect("an array").clone()
+    }
+
+    /// The cursor row of (partition, group): committed, lease holder, retry count.
+    pub async fn cursor(&self, partition_id: &str, group: &str) -> (i64, Option<String>, i32) {
+        let pid: i64 = partition_id.parse().unwrap();
+        let r = self
+            .sql()
+            .await
+            .query_one(
+                "SELECT committed, worker_id, retry_count FROM queen.consumers WHERE partition_id = $1 AND consumer_group = $2",
+                &[&pid, &group],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    }
+}
