@@ -8,6 +8,7 @@
 //! decode the head message out of its segment.
 
 pub mod registry;
+pub mod transaction;
 
 use std::collections::HashMap;
 use std::sync::Arc;

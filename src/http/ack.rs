@@ -132,3 +132,32 @@ pub async fn extend_lease(
     Ok(Json(json!({"leaseId": lease_id, "success": renewed > 0, "renewed": renewed,
                    "newExpiresAt": at, "expiresAt": at, "lease_expires_at": at})))
 }
+
+/// `POST /api/v1/transaction`: the JSON form (binary `QTB1` bodies are
+/// recognized by their magic and refused until the binary formats land).
+pub async fn transaction(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<axum::response::Response, ApiError> {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    use crate::ack::transaction::{run, TxnError};
+    let bytes = read_limited(&headers, body, state.config.max_body_bytes).await?;
+    let refused = |status: StatusCode, error: String| {
+        (status, Json(json!({"transactionId": uuid::Uuid::now_v7().to_string(), "success": false, "error": error, "results": []})))
+            .into_response()
+    };
+    if bytes.starts_with(b"QTB1") {
+        return Ok(refused(StatusCode::BAD_REQUEST, "binary transaction bodies (QTB1) are not supported yet; send JSON".into()));
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
+    match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, text).await {
+        Ok(done) => {
+            for (queue, pid, partition, n) in &done.pushed {
+                state.pop.pushed(queue, *pid, partition, *n);
+            }
+            wake_after(&state, &done.released);
+            Ok(Json(done.answer).into_response())
+        }
+        Err(TxnError::BadRequest(e)) => Ok(refused(StatusCode::BAD_REQUEST, e)),
+        Err(TxnError::RidersDisabled) => Ok(refused(StatusCode::FORBIDDEN, TxnError::RidersDisabled.to_string())),
+        Err(TxnError::Db(e)) => Err(e.into()),
+    }
+}

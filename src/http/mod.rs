@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/ack", post(ack::ack_one))
         .route("/api/v1/ack/batch", post(ack::ack_batch))
         .route("/api/v1/lease/{lease_id}/extend", post(ack::extend_lease))
+        .route("/api/v1/transaction", post(ack::transaction))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

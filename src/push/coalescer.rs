@@ -297,7 +297,6 @@ impl Inner {
         }
         let mut outcomes: Vec<Vec<Option<Outcome>>> = batch.iter().map(|e| vec![None; e.items.len()]).collect();
         let client = self.pool.get().await.map_err(DbError::from)?;
-        let stmt = client.prepare_cached(PUSH_SQL).await.map_err(DbError::from)?;
         let mut window_seen = window.unwrap_or(1);
         let mut attempts = 0;
         while !survivors.is_empty() {
@@ -312,38 +311,30 @@ impl Inner {
                 frames.extend_from_slice(&batch[e].frames[item.frame.clone()]);
                 hashes.push(txn_hash(&item.transaction_id));
             }
-            let blob = compress_frames(&frames, self.cfg.zstd_level);
-            let rows = client.query(&stmt, &[&key.0, &key.1, &hashes, &blob]).await.map_err(DbError::from)?;
-            let first = rows.first().ok_or(PushError::Lost)?;
-            window_seen = first.get("o_window");
-            let partition_id: i64 = first.get("o_partition_id");
-            if first.get::<_, Option<i32>>("o_dup_index").is_none() {
-                let base: i64 = first.get("o_base_offset");
-                for (n, &(e, i)) in survivors.iter().enumerate() {
-                    let message_id = batch[e].items[i].message_id;
-                    outcomes[e][i] = Some(Outcome::Queued { message_id, partition_id, offset: base + n as i64 });
+            match write_segment(&client, &key.0, &key.1, &hashes, &frames, self.cfg.zstd_level).await? {
+                SegmentWrite::Written { partition_id, base_offset, window } => {
+                    window_seen = window;
+                    for (n, &(e, i)) in survivors.iter().enumerate() {
+                        let message_id = batch[e].items[i].message_id;
+                        outcomes[e][i] = Some(Outcome::Queued { message_id, partition_id, offset: base_offset + n as i64 });
+                    }
+                    break;
                 }
-                break;
+                SegmentWrite::Duplicates { partition_id, window, dups } => {
+                    window_seen = window;
+                    let mut dropped = vec![false; survivors.len()];
+                    for (n, message_id) in dups {
+                        let (e, i) = survivors[n];
+                        outcomes[e][i] = Some(Outcome::Duplicate { message_id, partition_id });
+                        dropped[n] = true;
+                    }
+                    let mut n = 0;
+                    survivors.retain(|_| {
+                        n += 1;
+                        !dropped[n - 1]
+                    });
+                }
             }
-            let mut dropped = vec![false; survivors.len()];
-            for row in &rows {
-                let n: i32 = row.get("o_dup_index");
-                let offset: i64 = row.get("o_dup_offset");
-                let seg_base: Option<i64> = row.get("o_seg_base");
-                let seg_blob: Option<&[u8]> = row.get("o_seg_blob");
-                let message_id = match (seg_base, seg_blob) {
-                    (Some(b), Some(blob)) => message_id_at(blob, offset - b).unwrap_or_else(Uuid::nil),
-                    _ => Uuid::nil(),
-                };
-                let (e, i) = survivors[n as usize];
-                outcomes[e][i] = Some(Outcome::Duplicate { message_id, partition_id });
-                dropped[n as usize] = true;
-            }
-            let mut n = 0;
-            survivors.retain(|_| {
-                n += 1;
-                !dropped[n - 1]
-            });
         }
         for (&(e, i), &(le, li)) in &leader_of {
             let leader = outcomes[le][li].clone().expect("every survivor has an outcome");
@@ -353,6 +344,52 @@ impl Inner {
             outcomes.into_iter().map(|v| v.into_iter().map(|o| o.expect("every item has an outcome")).collect()).collect();
         Ok((outcomes, window_seen))
     }
+}
+
+/// What one call to `queen.push_segment_v1` did.
+#[derive(Debug)]
+pub enum SegmentWrite {
+    Written { partition_id: i64, base_offset: i64, window: i32 },
+    /// Nothing was written: these frames (index into the call, original
+    /// message id) are already in the partition inside the dedup window.
+    Duplicates { partition_id: i64, window: i32, dups: Vec<(usize, Uuid)> },
+}
+
+/// Compresses `frames` into one segment and appends it to (queue,
+/// partition) on `client`: one round trip. The caller owns the transaction:
+/// the coalescer commits each call on its own, a transaction bundle commits
+/// it with its acks.
+pub async fn write_segment(
+    client: &impl deadpool_postgres::GenericClient,
+    queue: &str,
+    partition: &str,
+    hashes: &[i64],
+    frames: &[u8],
+    zstd_level: i32,
+) -> Result<SegmentWrite, DbError> {
+    let blob = compress_frames(frames, zstd_level);
+    let stmt = client.prepare_cached(PUSH_SQL).await?;
+    let rows = client.query(&stmt, &[&queue, &partition, &hashes, &blob]).await?;
+    let first = rows.first().ok_or_else(|| DbError::Config("push_segment_v1 returned no row".into()))?;
+    let window: i32 = first.get("o_window");
+    let partition_id: i64 = first.get("o_partition_id");
+    if first.get::<_, Option<i32>>("o_dup_index").is_none() {
+        return Ok(SegmentWrite::Written { partition_id, base_offset: first.get("o_base_offset"), window });
+    }
+    let dups = rows
+        .iter()
+        .map(|row| {
+            let offset: i64 = row.get("o_dup_offset");
+            let seg_base: Option<i64> = row.get("o_seg_base");
+            let seg_blob: Option<&[u8]> = row.get("o_seg_blob");
+            let original = match (seg_base, seg_blob) {
+                (Some(b), Some(blob)) => message_id_at(blob, offset - b).unwrap_or_else(Uuid::nil),
+                _ => Uuid::nil(),
+            };
+            (row.get::<_, i32>("o_dup_index") as usize, original)
+        })
+        .collect();
+    Ok(SegmentWrite::Duplicates { partition_id, window, dups })
 }
 
 /// The message id of frame `index` of a stored segment.

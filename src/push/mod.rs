@@ -26,60 +26,92 @@ pub struct ItemResult {
     pub outcome: Outcome,
 }
 
+/// Items with their ids minted and grouped by (queue, partition): the one
+/// home of the minting rule (a missing transactionId becomes the message id's
+/// text) and of in-request deduplication (the first occurrence of a
+/// transactionId in a partition wins; later ones follow it).
+pub struct PushPlan {
+    pub message_ids: Vec<Uuid>,
+    pub txns: Vec<String>,
+    pub groups: Vec<PlanGroup>,
+    /// (follower item index, leader item index)
+    pub followers: Vec<(usize, usize)>,
+}
+
+/// The items of one partition that will be written.
+pub struct PlanGroup {
+    pub queue: String,
+    pub partition: String,
+    /// Indexes of the first occurrence of each transactionId, in item order.
+    pub leaders: Vec<usize>,
+}
+
+impl PushPlan {
+    pub fn new(items: &[PushItem<'_>]) -> PushPlan {
+        let message_ids: Vec<Uuid> = (0..items.len()).map(|_| Uuid::now_v7()).collect();
+        let txns: Vec<String> = items
+            .iter()
+            .zip(&message_ids)
+            .map(|(it, id)| it.transaction_id.clone().unwrap_or_else(|| id.to_string()))
+            .collect();
+        let mut groups: Vec<PlanGroup> = Vec::new();
+        let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
+        let mut first_seen: HashMap<(usize, &str), usize> = HashMap::new();
+        let mut followers = Vec::new();
+        for (idx, item) in items.iter().enumerate() {
+            let g = *group_of.entry((item.queue.as_str(), item.partition.as_str())).or_insert_with(|| {
+                groups.push(PlanGroup { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
+                groups.len() - 1
+            });
+            match first_seen.get(&(g, txns[idx].as_str())) {
+                Some(&leader) => followers.push((idx, leader)),
+                None => {
+                    first_seen.insert((g, txns[idx].as_str()), idx);
+                    groups[g].leaders.push(idx);
+                }
+            }
+        }
+        PushPlan { message_ids, txns, groups, followers }
+    }
+
+    /// The stored frame of item `idx`.
+    pub fn frame<'a>(&'a self, items: &'a [PushItem<'_>], idx: usize) -> Frame<'a> {
+        Frame {
+            message_id: self.message_ids[idx],
+            trace_id: items[idx].trace_id,
+            transaction_id: &self.txns[idx],
+            producer_sub: None,
+            encrypted: false,
+            payload: items[idx].payload.as_bytes(),
+        }
+    }
+
+    /// Gives every follower its leader's outcome, as a duplicate.
+    pub fn settle_followers(&self, outcomes: &mut [Option<Outcome>]) {
+        for &(idx, leader) in &self.followers {
+            let l = outcomes[leader].clone().expect("leader has an outcome");
+            outcomes[idx] = Some(Outcome::Duplicate { message_id: l.message_id(), partition_id: l.partition_id() });
+        }
+    }
+}
+
 /// Pushes validated items. Every item is committed (or found to be a
 /// duplicate) when this returns `Ok`; on `Err` the caller answers 5xx and the
 /// client's retry is made safe by deduplication.
 pub async fn push_items(coalescer: &Coalescer, items: Vec<PushItem<'_>>) -> Result<Vec<ItemResult>, Arc<PushError>> {
-    struct Group {
-        queue: String,
-        partition: String,
-        /// Indexes (into `items`) of the first occurrence of each transactionId.
-        leaders: Vec<usize>,
-    }
     let n = items.len();
-    let message_ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
-    let txns: Vec<String> = items
-        .iter()
-        .zip(&message_ids)
-        .map(|(it, id)| it.transaction_id.clone().unwrap_or_else(|| id.to_string()))
-        .collect();
-
-    let mut groups: Vec<Group> = Vec::new();
-    let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut first_seen: HashMap<(usize, &str), usize> = HashMap::new();
-    // follower item index -> leader item index (same queue, partition, txn)
-    let mut followers: Vec<(usize, usize)> = Vec::new();
-    for (idx, item) in items.iter().enumerate() {
-        let g = *group_of.entry((item.queue.as_str(), item.partition.as_str())).or_insert_with(|| {
-            groups.push(Group { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
-            groups.len() - 1
-        });
-        match first_seen.get(&(g, txns[idx].as_str())) {
-            Some(&leader) => followers.push((idx, leader)),
-            None => {
-                first_seen.insert((g, txns[idx].as_str()), idx);
-                groups[g].leaders.push(idx);
-            }
-        }
-    }
+    let plan = PushPlan::new(&items);
+    let PushPlan { groups, txns, message_ids, .. } = &plan;
 
     // Encode and submit every chunk before awaiting any.
     let cfg = coalescer.config().clone();
     let mut pending = Vec::new();
-    for group in &groups {
+    for group in groups {
         let mut chunk_items: Vec<EntryItem> = Vec::new();
         let mut chunk_idx: Vec<usize> = Vec::new();
         let mut frames: Vec<u8> = Vec::new();
         for &idx in &group.leaders {
-            let item = &items[idx];
-            let frame = Frame {
-                message_id: message_ids[idx],
-                trace_id: item.trace_id,
-                transaction_id: &txns[idx],
-                producer_sub: None,
-                encrypted: false,
-                payload: item.payload.as_bytes(),
-            };
+            let frame = plan.frame(&items, idx);
             if !chunk_items.is_empty()
                 && (chunk_items.len() >= cfg.max_frames || frames.len() + frame.encoded_len() > cfg.max_bytes)
             {
@@ -113,10 +145,8 @@ pub async fn push_items(coalescer: &Coalescer, items: Vec<PushItem<'_>>) -> Resu
     if let Some(e) = failure {
         return Err(e);
     }
-    for (idx, leader) in followers {
-        let l = outcomes[leader].clone().expect("leader has an outcome");
-        outcomes[idx] = Some(Outcome::Duplicate { message_id: l.message_id(), partition_id: l.partition_id() });
-    }
+    plan.settle_followers(&mut outcomes);
+    let txns = plan.txns;
     Ok(items
         .into_iter()
         .zip(txns)

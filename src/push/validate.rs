@@ -53,12 +53,17 @@ struct RawItem<'a> {
 /// the `400` answer.
 pub fn parse_push_body(body: &str) -> Result<Vec<PushItem<'_>>, String> {
     let parsed: Body<'_> = serde_json::from_str(body).map_err(|e| format!("bad body: {e}"))?;
-    let items = parsed.items.ok_or("items: required, an array of push items")?;
+    parse_items(parsed.items.ok_or("items: required, an array of push items")?)
+}
+
+/// The `items` array of a push (or of a transaction's push operation).
+pub fn parse_items(items: &RawValue) -> Result<Vec<PushItem<'_>>, String> {
     let items: Vec<&RawValue> = serde_json::from_str(items.get()).map_err(|_| "items: must be an array".to_string())?;
     items.iter().enumerate().map(|(i, raw)| parse_item(i, raw)).collect()
 }
 
-fn parse_item<'a>(index: usize, raw: &'a RawValue) -> Result<PushItem<'a>, String> {
+/// One push item, validated; errors name `items[index].field`.
+pub fn parse_item<'a>(index: usize, raw: &'a RawValue) -> Result<PushItem<'a>, String> {
     let item: RawItem<'a> =
         serde_json::from_str(raw.get()).map_err(|_| format!("items[{index}]: must be an object"))?;
     let field = |name: &str, problem: &str| format!("items[{index}].{name}: {problem}");

@@ -1,0 +1,234 @@
+//! `POST /api/v1/transaction` (API.md §2.4), JSON form: push and ack
+//! operations applied in one PostgreSQL transaction, all or nothing.
+//!
+//! Pushes go through the same segment writer as a plain push (frames,
+//! in-request dedup, gap-free offsets) but on the bundle's connection instead
+//! of the coalescer, so they commit with the acks. A cross-request duplicate
+//! push or a refused ack rolls everything back; the answer is still 200, with
+//! `success: false`, because the client reads the body either way.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::{AckItem, AckService, AckStatus, Released};
+use crate::db::DbError;
+use crate::pop::QUEUE_MODE;
+use crate::push::coalescer::{txn_hash, write_segment, SegmentWrite};
+use crate::push::validate::{parse_item, parse_items, PushItem};
+use crate::push::{Outcome, PushPlan};
+
+/// Why a bundle is refused before anything runs.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("kv and timers riders are not enabled on this broker")]
+    RidersDisabled,
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<tokio_postgres::Error> for TxnError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        TxnError::Db(DbError::Pg(e))
+    }
+}
+
+#[derive(Deserialize)]
+struct Body<'a> {
+    #[serde(borrow)]
+    operations: Option<Vec<&'a RawValue>>,
+    #[serde(rename = "requiredLeases", default)]
+    required_leases: Option<Vec<String>>,
+    #[serde(borrow)]
+    kv: Option<&'a RawValue>,
+    #[serde(borrow)]
+    timers: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawOp<'a> {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(borrow)]
+    items: Option<&'a RawValue>,
+}
+
+enum Op<'a> {
+    Push(Vec<PushItem<'a>>),
+    Ack(AckItem, bool),
+}
+
+/// What a committed bundle wrote, for waking consumers afterwards.
+pub struct Committed {
+    pub answer: Value,
+    pub pushed: Vec<(String, i64, String, u64)>,
+    pub released: Vec<Released>,
+}
+
+fn parse_ops<'a>(ops: &[&'a RawValue]) -> Result<Vec<Op<'a>>, TxnError> {
+    let bad = |i: usize, e: String| TxnError::BadRequest(format!("operations[{i}]: {e}"));
+    ops.iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            let op: RawOp<'a> = serde_json::from_str(raw.get()).map_err(|_| bad(i, "must be an object".into()))?;
+            match op.kind.as_deref() {
+                Some("push") => match op.items {
+                    Some(items) => parse_items(items).map(Op::Push).map_err(|e| bad(i, e)),
+                    // A flat push operation is itself one item.
+                    None => parse_item(0, raw).map(|it| Op::Push(vec![it])).map_err(|e| bad(i, e)),
+                },
+                Some("ack") => {
+                    let v: Value = serde_json::from_str(raw.get()).map_err(|e| bad(i, e.to_string()))?;
+                    let field = |k: &str| {
+                        v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string)
+                            .ok_or_else(|| bad(i, format!("{k}: required, a non-empty string")))
+                    };
+                    let lease = v.get("leaseId").and_then(Value::as_str).filter(|l| !l.is_empty()).map(str::to_string);
+                    let own_lease = lease.is_some();
+                    Ok(Op::Ack(
+                        AckItem {
+                            transaction_id: field("transactionId")?,
+                            partition_id: field("partitionId")?,
+                            status: AckStatus::normalize(v.get("status").and_then(Value::as_str)),
+                            error: v.get("error").and_then(Value::as_str).map(str::to_string),
+                            lease_id: lease,
+                            group: v.get("consumerGroup").and_then(Value::as_str).filter(|g| !g.is_empty()).unwrap_or(QUEUE_MODE).to_string(),
+                        },
+                        own_lease,
+                    ))
+                }
+                _ => Err(bad(i, "transaction supports only push and ack operations".into())),
+            }
+        })
+        .collect()
+}
+
+/// Runs one bundle. `Ok` carries the 200 answer (successful or rolled back).
+pub async fn run(
+    pool: &deadpool_postgres::Pool,
+    acks: &AckService,
+    zstd_level: i32,
+    body: &str,
+) -> Result<Committed, TxnError> {
+    let parsed: Body<'_> =
+        serde_json::from_str(body).map_err(|e| TxnError::BadRequest(format!("bad body: {e}")))?;
+    let ops = parsed.operations.ok_or_else(|| TxnError::BadRequest("transaction requires an operations array".into()))?;
+    let rider = |r: Option<&RawValue>| r.is_some_and(|r| !matches!(r.get().trim(), "null" | "[]"));
+    if rider(parsed.kv) || rider(parsed.timers) {
+        return Err(TxnError::RidersDisabled);
+    }
+    let ops = parse_ops(&ops)?;
+    let required = parsed.required_leases.unwrap_or_default();
+    let any_lease = !required.is_empty() || ops.iter().any(|o| matches!(o, Op::Ack(_, true)));
+    let transaction_id = Uuid::now_v7().to_string();
+    let rolled_back = |error: String| Committed {
+        answer: json!({"transactionId": transaction_id, "success": false, "error": error, "results": []}),
+        pushed: vec![],
+        released: vec![],
+    };
+
+    let mut client = pool.get().await.map_err(DbError::from)?;
+    let tx = client.transaction().await?;
+    let mut results = Vec::new();
+    let mut pushed = Vec::new();
+    let mut released = Vec::new();
+    for op in ops {
+        match op {
+            Op::Push(items) => {
+                let plan = PushPlan::new(&items);
+                let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
+                for g in &plan.groups {
+                    let mut frames = Vec::new();
+                    for &idx in &g.leaders {
+                        plan.frame(&items, idx).encode_into(&mut frames);
+                    }
+                    let hashes: Vec<i64> = g.leaders.iter().map(|&i| txn_hash(&plan.txns[i])).collect();
+                    match write_segment(&tx, &g.queue, &g.partition, &hashes, &frames, zstd_level).await? {
+                        SegmentWrite::Written { partition_id, base_offset, .. } => {
+                            for (n, &idx) in g.leaders.iter().enumerate() {
+                                let message_id = plan.message_ids[idx];
+                                outcomes[idx] = Some(Outcome::Queued { message_id, partition_id, offset: base_offset + n as i64 });
+                            }
+                            pushed.push((g.queue.clone(), partition_id, g.partition.clone(), g.leaders.len() as u64));
+                        }
+                        SegmentWrite::Duplicates { dups, .. } => {
+                            let txn = &plan.txns[g.leaders[dups[0].0]];
+                            tx.rollback().await?;
+                            return Ok(rolled_back(format!(
+                                "QDUP duplicate push: transactionId {txn:?} is already in {}/{}",
+                                g.queue, g.partition
+                            )));
+                        }
+                    }
+                }
+                plan.settle_followers(&mut outcomes);
+                for (idx, o) in outcomes.into_iter().enumerate() {
+                    let o = o.expect("every item has an outcome");
+                    let mut r = json!({"index": results.len(), "type": "push", "success": true,
+                                       "transactionId": plan.txns[idx], "messageId": o.message_id().to_string(),
+                                       "queueName": items[idx].queue});
+                    if matches!(o, Outcome::Duplicate { .. }) {
+                        r["duplicate"] = json!(true);
+                    }
+                    results.push(r);
+                }
+            }
+            Op::Ack(mut item, own) => {
+                if !own {
+                    item.lease_id = resolve_lease(&tx, &item, any_lease, &required).await?;
+                }
+                let (outcomes, rel) = acks.ack_on(&tx, std::slice::from_ref(&item)).await?;
+                let o = &outcomes[0];
+                if !o.success {
+                    tx.rollback().await?;
+                    return Ok(rolled_back(format!(
+                        "QTXN ack of {:?} rejected: {}",
+                        item.transaction_id,
+                        o.error.as_deref().unwrap_or("refused")
+                    )));
+                }
+                released.extend(rel);
+                results.push(json!({"index": results.len(), "type": "ack", "success": true,
+                                    "transactionId": item.transaction_id, "error": null, "dlq": o.dlq}));
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(Committed {
+        answer: json!({"transactionId": transaction_id, "success": true, "results": results}),
+        pushed,
+        released,
+    })
+}
+
+/// An ack without its own lease: the partition's current holder when the
+/// bundle names any lease, else the single unambiguous required lease, else
+/// lease-less.
+async fn resolve_lease(
+    tx: &deadpool_postgres::Transaction<'_>,
+    item: &AckItem,
+    any_lease: bool,
+    required: &[String],
+) -> Result<Option<String>, TxnError> {
+    if any_lease {
+        if let Ok(pid) = item.partition_id.parse::<i64>() {
+            let holder = tx
+                .query_opt(
+                    "SELECT worker_id FROM queen.consumers WHERE partition_id = $1 AND consumer_group = $2",
+                    &[&pid, &item.group],
+                )
+                .await?
+                .and_then(|r| r.get::<_, Option<String>>(0));
+            if let Some(h) = holder.filter(|h| required.is_empty() || required.contains(h)) {
+                return Ok(Some(h));
+            }
+        }
+    }
+    Ok(match required {
+        [only] => Some(only.clone()),
+        _ => None,
+    })
+}
