@@ -7,6 +7,7 @@
 //! boot and shutdown.
 
 pub mod ack;
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod db;

@@ -6,8 +6,10 @@ pub mod ack;
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod messages;
 pub mod pop;
 pub mod push;
+pub mod query;
 pub mod system;
 
 use std::sync::Arc;
@@ -45,6 +47,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/ack/batch", post(ack::ack_batch))
         .route("/api/v1/lease/{lease_id}/extend", post(ack::extend_lease))
         .route("/api/v1/transaction", post(ack::transaction))
+        .route("/api/v1/dlq", get(messages::list_dlq))
+        .route("/api/v1/messages", get(messages::list_messages))
+        .route("/api/v1/messages/{partition_id}/{transaction_id}", get(messages::get_message).delete(messages::delete_message))
+        .route("/api/v1/messages/{partition_id}/{transaction_id}/retry", post(messages::retry_message))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -12,8 +12,7 @@ use super::AppState;
 use crate::pop::{PopError, PopParams, Route};
 
 fn query_pairs(raw: Option<String>) -> Result<Vec<(String, String)>, ApiError> {
-    serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
-        .map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))
+    super::query::Params::parse(raw).map(|p| p.0)
 }
 
 async fn serve(state: &AppState, route: Route, pairs: &[(String, String)]) -> Result<Response, ApiError> {

@@ -1,0 +1,117 @@
+//! Dead letters and messages (API.md §2.8, issue 4).
+
+mod common;
+
+use common::Broker;
+use serde_json::{json, Value};
+
+/// Dead-letters `txns` of queue `q` (one message each, partition p) for `group`.
+async fn dead_letter(b: &Broker, group: &str, txns: &[&str]) -> String {
+    let items: Vec<Value> = txns.iter().map(|t| json!({"queue": "q", "partition": "p", "payload": {"t": t}, "transactionId": t})).collect();
+    b.post("/api/v1/push", json!({ "items": items })).await;
+    let mut pid = String::new();
+    for _ in txns {
+        let body = b.pop(&format!("/api/v1/pop/queue/q?batch=1&consumerGroup={group}")).await.body.unwrap();
+        let m = &body["messages"][0];
+        pid = m["partitionId"].as_str().unwrap().to_string();
+        let (_, r) = b
+            .post("/api/v1/ack", json!({"transactionId": m["transactionId"], "partitionId": pid, "status": "dlq", "error": format!("bad {}", m["transactionId"]), "consumerGroup": group, "leaseId": body["leaseId"]}))
+            .await;
+        assert_eq!(r[0]["dlq"], true);
+    }
+    pid
+}
+
+#[tokio::test]
+async fn the_dlq_lists_newest_first_with_filters_and_the_full_total() {
+    let b = Broker::start().await;
+    let pid = dead_letter(&b, "g1", &["a", "b"]).await;
+    dead_letter(&b, "g2", &["a"]).await;
+    let (status, body) = b.get("/api/v1/dlq?queue=q").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["total"], 3);
+    assert_eq!(body["pagination"], json!({"limit": 100, "offset": 0}));
+    let msgs = body["messages"].as_array().unwrap();
+    let order: Vec<(&str, &str)> = msgs.iter().map(|m| (m["consumerGroup"].as_str().unwrap(), m["transactionId"].as_str().unwrap())).collect();
+    assert_eq!(order, [("g2", "a"), ("g1", "b"), ("g1", "a")]);
+    let m = &msgs[2];
+    assert_eq!(m["data"], json!({"t": "a"}));
+    assert_eq!(m["errorMessage"], "bad \"a\"");
+    assert_eq!(m["retryCount"], 0);
+    assert_eq!(m["partitionId"], pid);
+    assert_eq!((m["queue"].as_str(), m["partition"].as_str()), (Some("q"), Some("p")));
+    assert!(m["failedAt"].as_str().unwrap().ends_with('Z'));
+    let (_, body) = b.get("/api/v1/dlq?queue=q&consumerGroup=g1&limit=1&offset=1").await;
+    assert_eq!(body["total"], 2);
+    assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(body["messages"][0]["transactionId"], "a");
+    assert_eq!(b.get("/api/v1/dlq?queue=q&partition=elsewhere").await.1["total"], 0);
+    assert_eq!(b.get("/api/v1/dlq").await.0, 400);
+    assert_eq!(b.get("/api/v1/dlq?queue=q&from=yesterday").await.0, 400);
+}
+
+#[tokio::test]
+async fn a_message_by_address_shows_its_derived_status() {
+    let b = Broker::start().await;
+    let pushed = b.push_to("s", "p", &[json!({"n": 1}), json!({"n": 2})]).await;
+    let (pid, txn) = (pushed[0]["partitionId"].as_str().unwrap().to_string(), pushed[0]["transactionId"].as_str().unwrap().to_string());
+    let path = format!("/api/v1/messages/{pid}/{txn}");
+    let status = || async { b.get(&path).await.1["status"].as_str().unwrap().to_string() };
+    let (code, body) = b.get(&format!("/api/v1/messages/{pid}/{txn}")).await;
+    assert_eq!(code, 200);
+    assert_eq!((body["data"].clone(), body["id"].clone(), body["queue"].as_str()), (json!({"n": 1}), pushed[0]["messageId"].clone(), Some("s")));
+    assert_eq!(body["status"], "pending");
+    let popped = b.pop("/api/v1/pop/queue/s?batch=1").await.body.unwrap();
+    assert_eq!(status().await, "processing");
+    b.ack_batch(None, &[(&txn, &pid, "completed", popped["leaseId"].as_str())]).await;
+    assert_eq!(status().await, "completed");
+    let (code, body) = b.get(&format!("/api/v1/messages/{pid}/no-such-txn")).await;
+    assert_eq!((code, body), (404, json!({"error": "Message not found"})));
+    assert_eq!(b.get("/api/v1/messages/not-a-pid/x").await.0, 404);
+}
+
+#[tokio::test]
+async fn a_dead_letter_can_be_replayed_once_and_deleted() {
+    let b = Broker::start().await;
+    let pid = dead_letter(&b, "w", &["poison", "other"]).await;
+    assert_eq!(b.get(&format!("/api/v1/messages/{pid}/poison")).await.1["status"], "dead_letter");
+    let (status, body) = b.post_raw(&format!("/api/v1/messages/{pid}/poison/retry"), "application/json", vec![]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"], "moved");
+    assert_eq!(body["dlqRowRemoved"], true);
+    let replay_txn = body["replayedAs"]["transaction_id"].as_str().unwrap().to_string();
+    assert!(replay_txn.starts_with("dlq:"));
+    assert_eq!(body["replayedAs"]["status"], "queued");
+    // The group reads it again, now under the replay's transactionId.
+    let r = b.pop("/api/v1/pop/queue/q?consumerGroup=w&batch=10").await;
+    assert_eq!(r.data(), [json!({"t": "poison"})]);
+    assert_eq!(r.messages()[0]["transactionId"], replay_txn);
+    let (status, _) = b.post_raw(&format!("/api/v1/messages/{pid}/poison/retry"), "application/json", vec![]).await;
+    assert_eq!(status, 404, "the row is gone: nothing to replay twice");
+    // Delete removes a dead-letter row; live messages are immutable.
+    let (status, body) = b.http.delete(format!("{}/api/v1/messages/{pid}/other", b.url)).send().await.map(|r| (r.status().as_u16(), r)).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body.json::<Value>().await.unwrap()["message"], "Message deleted successfully");
+    let r = b.http.delete(format!("{}/api/v1/messages/{pid}/{replay_txn}", b.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(b.get("/api/v1/dlq?queue=q").await.1["total"], 0);
+}
+
+#[tokio::test]
+async fn the_message_listing_is_newest_first_with_filters() {
+    let b = Broker::start().await;
+    b.push_to("list", "a", &[json!(1), json!(2)]).await;
+    b.push_to("list", "b", &[json!(3)]).await;
+    b.push_to("other", "a", &[json!(9)]).await;
+    let (status, body) = b.get("/api/v1/messages?queue=list&limit=2").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["total"], 3);
+    let data: Vec<Value> = body["messages"].as_array().unwrap().iter().map(|m| m["data"].clone()).collect();
+    assert_eq!(data, [json!(3), json!(2)]);
+    let (_, body) = b.get("/api/v1/messages?queue=list&partition=a&offset=1").await;
+    assert_eq!(body["messages"].as_array().unwrap().iter().map(|m| m["data"].clone()).collect::<Vec<_>>(), [json!(1)]);
+    b.pop("/api/v1/pop/queue/list/partition/b?autoAck=true").await;
+    let (_, body) = b.get("/api/v1/messages?queue=list&status=completed").await;
+    assert_eq!(body["messages"].as_array().unwrap().iter().map(|m| m["data"].clone()).collect::<Vec<_>>(), [json!(3)]);
+    assert_eq!(b.get("/api/v1/messages?limit=zero").await.0, 400);
+}
