@@ -229,6 +229,13 @@ BEGIN
 END
 $$;
 
+-- One row of a pop: pop_claim_v1's row, with the partition and queue it
+-- belongs to. Every route returns this shape.
+CREATE TYPE queen.pop_row AS (
+    o_partition_id bigint, o_partition text, o_queue text, o_kind text,
+    o_base_offset bigint, o_start_idx integer, o_take integer, o_created_at timestamptz,
+    o_blob bytea, o_first bigint, o_last bigint, o_attempt integer);
+
 -- The loop every route funnels into: claims the candidates in the given
 -- order until the budget is spent or p_max_partitions (0 = no cap) have
 -- been claimed. Candidates after the stop return nothing (unvisited).
@@ -242,9 +249,7 @@ CREATE FUNCTION queen.pop_list_v1(
     p_max_partitions integer,
     p_intent_mode    text,
     p_intent_from    timestamptz)
-RETURNS TABLE (o_partition_id bigint, o_partition text, o_queue text, o_kind text,
-               o_base_offset bigint, o_start_idx integer, o_take integer, o_created_at timestamptz,
-               o_blob bytea, o_first bigint, o_last bigint, o_attempt integer)
+RETURNS SETOF queen.pop_row
 LANGUAGE plpgsql AS $$
 DECLARE
     v_pid      bigint;
@@ -253,6 +258,7 @@ DECLARE
     v_name     text;
     v_queue    text;
     r          record;
+    v_row      queen.pop_row;
 BEGIN
     FOREACH v_pid IN ARRAY COALESCE(p_pids, '{}') LOOP
         EXIT WHEN v_left <= 0 OR (p_max_partitions > 0 AND v_claimed >= p_max_partitions);
@@ -260,11 +266,9 @@ BEGIN
         FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = v_pid;
         FOR r IN SELECT * FROM queen.pop_claim_v1(v_pid, p_group, p_worker, p_lease_seconds, p_auto_ack,
                                                    v_left, p_intent_mode, p_intent_from) LOOP
-            o_partition_id := v_pid; o_partition := v_name; o_queue := v_queue; o_kind := r.o_kind;
-            o_base_offset := r.o_base_offset; o_start_idx := r.o_start_idx; o_take := r.o_take;
-            o_created_at := r.o_created_at; o_blob := r.o_blob; o_first := r.o_first;
-            o_last := r.o_last; o_attempt := r.o_attempt;
-            RETURN NEXT;
+            v_row := (v_pid, v_name, v_queue, r.o_kind, r.o_base_offset, r.o_start_idx, r.o_take,
+                      r.o_created_at, r.o_blob, r.o_first, r.o_last, r.o_attempt);
+            RETURN NEXT v_row;
             IF r.o_kind = 'claimed' THEN
                 v_claimed := v_claimed + 1;
                 v_left := v_left - (r.o_last - r.o_first + 1)::integer;
@@ -389,26 +393,20 @@ CREATE FUNCTION queen.pop_wildcard_v1(
     p_intent_mode    text,
     p_intent_from    timestamptz,
     p_cand_cap       integer)
-RETURNS TABLE (o_partition_id bigint, o_partition text, o_queue text, o_kind text,
-               o_base_offset bigint, o_start_idx integer, o_take integer, o_created_at timestamptz,
-               o_blob bytea, o_first bigint, o_last bigint, o_attempt integer)
+RETURNS SETOF queen.pop_row
 LANGUAGE plpgsql AS $$
 DECLARE
     v_qid      bigint := queen.ensure_queue_v1(p_queue);
     v_start    timestamptz := clock_timestamp();
     v_claimed  boolean := false;
-    r          record;
+    r          queen.pop_row;
 BEGIN
     PERFORM queen.register_group_v1(v_qid, p_group, p_intent_mode, p_intent_from);
     FOR r IN SELECT * FROM queen.pop_list_v1(queen.pop_candidates_v1(v_qid, p_group, p_cand_cap),
                                              p_group, p_worker, p_lease_seconds, p_auto_ack, p_budget,
                                              p_max_partitions, p_intent_mode, p_intent_from) LOOP
-        o_partition_id := r.o_partition_id; o_partition := r.o_partition; o_queue := r.o_queue;
-        o_kind := r.o_kind; o_base_offset := r.o_base_offset; o_start_idx := r.o_start_idx;
-        o_take := r.o_take; o_created_at := r.o_created_at; o_blob := r.o_blob; o_first := r.o_first;
-        o_last := r.o_last; o_attempt := r.o_attempt;
         v_claimed := v_claimed OR r.o_kind = 'claimed';
-        RETURN NEXT;
+        RETURN NEXT r;
     END LOOP;
     IF NOT v_claimed THEN
         PERFORM queen.note_empty_scan_v1(v_qid, p_group, v_start);
@@ -432,9 +430,7 @@ CREATE FUNCTION queen.pop_discover_v1(
     p_intent_mode    text,
     p_intent_from    timestamptz,
     p_cand_cap       integer)
-RETURNS TABLE (o_partition_id bigint, o_partition text, o_queue text, o_kind text,
-               o_base_offset bigint, o_start_idx integer, o_take integer, o_created_at timestamptz,
-               o_blob bytea, o_first bigint, o_last bigint, o_attempt integer)
+RETURNS SETOF queen.pop_row
 LANGUAGE plpgsql AS $$
 DECLARE
     v_qids   bigint[];
@@ -469,9 +465,7 @@ CREATE FUNCTION queen.pop_specific_v1(
     p_budget         integer,
     p_intent_mode    text,
     p_intent_from    timestamptz)
-RETURNS TABLE (o_partition_id bigint, o_partition text, o_queue text, o_kind text,
-               o_base_offset bigint, o_start_idx integer, o_take integer, o_created_at timestamptz,
-               o_blob bytea, o_first bigint, o_last bigint, o_attempt integer)
+RETURNS SETOF queen.pop_row
 LANGUAGE plpgsql AS $$
 DECLARE
     v_qid  bigint := queen.ensure_queue_v1(p_queue);
