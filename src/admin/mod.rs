@@ -2,8 +2,11 @@
 //! Answers are JSON shapes of API.md §2.8, built here; the HTTP layer only
 //! parses parameters and picks the status.
 
+pub mod configure;
 pub mod dlq;
+pub mod groups;
 pub mod messages;
+pub mod resources;
 
 use chrono::{DateTime, Utc};
 

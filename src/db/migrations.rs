@@ -30,6 +30,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(2, "0002_push.sql"),
     migration!(3, "0003_pop.sql"),
     migration!(4, "0004_ack.sql"),
+    migration!(5, "0005_admin.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

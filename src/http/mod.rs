@@ -3,6 +3,7 @@
 //! path that does the work, render.
 
 pub mod ack;
+pub mod admin;
 pub mod body;
 pub mod error;
 pub mod health;
@@ -47,6 +48,21 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/ack/batch", post(ack::ack_batch))
         .route("/api/v1/lease/{lease_id}/extend", post(ack::extend_lease))
         .route("/api/v1/transaction", post(ack::transaction))
+        .route("/api/v1/configure", post(admin::configure))
+        .route("/api/v1/resources/queues", get(admin::list_queues))
+        .route("/api/v1/resources/queues/{queue}", get(admin::get_queue).delete(admin::delete_queue))
+        .route("/api/v1/resources/queues/{queue}/depth", get(admin::queue_depth))
+        .route("/api/v1/resources/overview", get(admin::overview))
+        .route("/api/v1/resources/namespaces", get(admin::namespaces))
+        .route("/api/v1/resources/tasks", get(admin::tasks))
+        .route("/api/v1/consumer-groups", get(admin::list_groups))
+        .route("/api/v1/consumer-groups/lagging", get(admin::lagging))
+        .route("/api/v1/consumer-groups/{group}", get(admin::get_group).delete(admin::delete_group))
+        .route("/api/v1/consumer-groups/{group}/subscription", post(admin::subscription))
+        .route("/api/v1/consumer-groups/{group}/queues/{queue}", axum::routing::delete(admin::delete_group_for_queue))
+        .route("/api/v1/consumer-groups/{group}/queues/{queue}/seek", post(admin::seek_queue))
+        .route("/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek", post(admin::seek_partition))
+        .route("/api/v1/stats/refresh", post(admin::refresh_stats))
         .route("/api/v1/dlq", get(messages::list_dlq))
         .route("/api/v1/messages", get(messages::list_messages))
         .route("/api/v1/messages/{partition_id}/{transaction_id}", get(messages::get_message).delete(messages::delete_message))

@@ -96,9 +96,18 @@ impl HotList {
         });
     }
 
-    /// Forgets a queue's rings (the queue was deleted or its groups reset).
-    pub fn forget(&self, queue: &str) {
-        self.rings.lock().expect("hot-list lock poisoned").remove(queue);
+    /// Forgets rings after their cursors moved behind the ring's back (a seek,
+    /// a deleted group or queue): the next pop takes the SQL path and builds
+    /// the ring anew. `None` matches every queue or every group.
+    pub fn forget(&self, queue: Option<&str>, group: Option<&str>) {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        rings.retain(|q, groups| {
+            if queue.is_some_and(|want| want != q) {
+                return true;
+            }
+            groups.retain(|g, _| group.is_some_and(|want| want != g));
+            !groups.is_empty()
+        });
     }
 
     /// `count` messages committed to partition `pid` of `queue`: every
@@ -321,6 +330,20 @@ mod tests {
         l.reseed("q", "g", vec![(9, "r".into())]);
         assert_eq!(l.estimate("q", "g"), None);
         assert_eq!(HotList::new(Duration::from_secs(1)).estimate("x", "g"), None);
+    }
+
+    #[test]
+    fn forgetting_drops_exactly_the_named_rings() {
+        let l = list();
+        l.create("q", "h");
+        l.create("r", "g");
+        l.forget(Some("q"), Some("g"));
+        assert_eq!(l.plan("q", "g"), Plan::NoRing);
+        assert_ne!(l.plan("q", "h"), Plan::NoRing);
+        l.forget(None, Some("g"));
+        assert_eq!(l.plan("r", "g"), Plan::NoRing);
+        l.forget(Some("q"), None);
+        assert_eq!(l.plan("q", "h"), Plan::NoRing);
     }
 
     #[test]

@@ -1,0 +1,200 @@
+//! The operator routes (API.md §1.2 rows 9–24, §2.6, §2.7): configure, queue
+//! resources, consumer groups and seek.
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::body::read_limited;
+use super::error::ApiError;
+use super::query::Params;
+use super::AppState;
+use crate::admin::{configure, groups, resources};
+use crate::pop::QUEUE_MODE;
+
+/// A JSON body; empty is `None` (the client sends no body for `{}`).
+async fn optional_json(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Option<Value>, ApiError> {
+    let bytes = read_limited(headers, body, state.config.max_body_bytes).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))
+}
+
+fn bad(body: Value) -> Response {
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+fn queue_not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"error": "Queue not found"}))).into_response()
+}
+
+pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let v = optional_json(&state, &headers, body).await?.unwrap_or(Value::Null);
+    let req = match configure::parse(&v, false) {
+        Ok(r) => r,
+        Err(refusal) => {
+            let mut body = json!({"error": refusal.error});
+            if let Some(option) = refusal.invalid {
+                body["invalid"] = json!(option);
+            }
+            return Ok(bad(body));
+        }
+    };
+    let answer = configure::apply(&state.pool, &req).await?;
+    // New settings apply to the next claim; a ring built under the old ones is dropped.
+    state.pop.hotlist.forget(Some(&req.queue), None);
+    Ok(Json(answer).into_response())
+}
+
+pub async fn list_queues(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::parse(q)?;
+    let search = p.text("search");
+    let answer = resources::list_queues(&state.pool, search.as_deref(), p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
+    Ok(Json(answer).into_response())
+}
+
+pub async fn get_queue(State(state): State<AppState>, Path(queue): Path<String>) -> Result<Response, ApiError> {
+    Ok(match resources::get_queue(&state.pool, &queue).await? {
+        Some(v) => Json(v).into_response(),
+        None => queue_not_found(),
+    })
+}
+
+pub async fn queue_depth(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let group = Params::parse(q)?.text("group").unwrap_or_else(|| QUEUE_MODE.to_string());
+    Ok(match resources::depth(&state.pool, &queue, &group).await? {
+        Some(v) => Json(v).into_response(),
+        None => queue_not_found(),
+    })
+}
+
+pub async fn delete_queue(State(state): State<AppState>, Path(queue): Path<String>) -> Result<Response, ApiError> {
+    let answer = resources::delete_queue(&state.pool, &queue).await?;
+    state.pop.hotlist.forget(Some(&queue), None);
+    Ok(Json(answer).into_response())
+}
+
+pub async fn overview(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(Json(resources::overview(&state.pool).await?).into_response())
+}
+
+pub async fn namespaces(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(Json(resources::by_label(&state.pool, false).await?).into_response())
+}
+
+pub async fn tasks(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(Json(resources::by_label(&state.pool, true).await?).into_response())
+}
+
+pub async fn list_groups(State(state): State<AppState>) -> Result<Response, ApiError> {
+    Ok(Json(groups::list(&state.pool).await?).into_response())
+}
+
+pub async fn get_group(State(state): State<AppState>, Path(group): Path<String>) -> Result<Response, ApiError> {
+    Ok(Json(groups::get(&state.pool, &group).await?).into_response())
+}
+
+pub async fn lagging(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let min = Params::parse(q)?.int("minLagSeconds", 3600, 0, i64::MAX / 2)?;
+    Ok(Json(groups::lagging(&state.pool, min).await?).into_response())
+}
+
+fn delete_metadata(q: Option<String>) -> Result<bool, ApiError> {
+    match Params::parse(q)?.text("deleteMetadata") {
+        None => Ok(true),
+        Some(v) => crate::config::parse_bool(&v)
+            .ok_or_else(|| ApiError::BadRequest(format!("deleteMetadata: must be true or false, got {v:?}"))),
+    }
+}
+
+pub async fn delete_group(State(state): State<AppState>, Path(group): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let (n, meta) = groups::delete(&state.pool, &group, None, delete_metadata(q)?).await?;
+    state.pop.hotlist.forget(None, Some(&group));
+    Ok(Json(json!({"success": true, "consumerGroup": group, "deletedPartitions": n, "metadataDeleted": meta})).into_response())
+}
+
+pub async fn delete_group_for_queue(
+    State(state): State<AppState>,
+    Path((group, queue)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let (n, meta) = groups::delete(&state.pool, &group, Some(&queue), delete_metadata(q)?).await?;
+    state.pop.hotlist.forget(Some(&queue), Some(&group));
+    Ok(Json(json!({"success": true, "consumerGroup": group, "queueName": queue, "deletedPartitions": n, "metadataDeleted": meta}))
+        .into_response())
+}
+
+const SEEK_REFUSAL: &str = "Must specify toEnd=true or a timestamp";
+
+/// `{"toEnd": true}` or `{"timestamp": ISO}`; `empty` is what an empty body means.
+fn seek_target(body: Option<Value>, empty: Option<(bool, Option<chrono::DateTime<chrono::Utc>>)>) -> Option<(bool, Option<chrono::DateTime<chrono::Utc>>)> {
+    let Some(v) = body else { return empty };
+    if v.get("toEnd").and_then(Value::as_bool) == Some(true) {
+        return Some((true, None));
+    }
+    v.get("timestamp").and_then(Value::as_str).and_then(crate::pop::params::parse_timestamp).map(|t| (false, Some(t)))
+}
+
+async fn seek(state: &AppState, group: &str, queue: &str, partition: Option<&str>, target: Option<(bool, Option<chrono::DateTime<chrono::Utc>>)>) -> Result<Response, ApiError> {
+    let Some((to_end, ts)) = target else { return Ok(bad(json!({"error": SEEK_REFUSAL}))) };
+    let Some(n) = groups::seek(&state.pool, group, queue, to_end, ts, partition).await? else {
+        return Ok(queue_not_found());
+    };
+    state.pop.hotlist.forget(Some(queue), Some(group));
+    state.pop.wake.pushed(queue);
+    let mut answer = json!({"success": true, "consumerGroup": group, "queueName": queue, "partitionsUpdated": n});
+    if let Some(p) = partition {
+        answer["partition"] = json!(p);
+    }
+    Ok(Json(answer).into_response())
+}
+
+pub async fn seek_queue(
+    State(state): State<AppState>,
+    Path((group, queue)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = optional_json(&state, &headers, body).await.unwrap_or(None);
+    seek(&state, &group, &queue, None, seek_target(body, None)).await
+}
+
+pub async fn seek_partition(
+    State(state): State<AppState>,
+    Path((group, queue, partition)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = optional_json(&state, &headers, body).await.unwrap_or(None);
+    seek(&state, &group, &queue, Some(&partition), seek_target(body, Some((true, None)))).await
+}
+
+pub async fn subscription(
+    State(state): State<AppState>,
+    Path(group): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = optional_json(&state, &headers, body).await?;
+    let Some(ts) = body
+        .as_ref()
+        .and_then(|v| v.get("subscriptionTimestamp"))
+        .and_then(Value::as_str)
+        .and_then(crate::pop::params::parse_timestamp)
+    else {
+        return Ok(bad(json!({"error": "subscriptionTimestamp is required"})));
+    };
+    let n = groups::set_subscription(&state.pool, &group, ts).await?;
+    Ok(Json(json!({"success": true, "consumerGroup": group, "subscriptionTimestamp": crate::admin::iso_ms(ts), "queuesUpdated": n}))
+        .into_response())
+}
+
+/// `POST /api/v1/stats/refresh`: figures are computed on read, so there is
+/// nothing to rebuild; the answer says when the next read will be current.
+pub async fn refresh_stats() -> Json<Value> {
+    Json(json!({"success": true, "message": "statistics are computed on read", "refreshedAt": crate::admin::iso_ms(chrono::Utc::now())}))
+}
