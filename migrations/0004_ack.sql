@@ -42,7 +42,7 @@ CREATE FUNCTION queen.ack_v1(
     p_dlq_payload      text,
     p_dlq_created_at   timestamptz)
 RETURNS TABLE (o_index integer, o_success boolean, o_error text, o_noop boolean, o_dlq boolean,
-               o_lease_released boolean, o_committed bigint)
+               o_lease_released boolean, o_committed bigint, o_queue text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now        timestamptz := clock_timestamp();
@@ -55,6 +55,7 @@ DECLARE
     v_limit      integer;
     v_dlq_on     boolean;
     v_qid        bigint;
+    v_queue      text;
     v_leased     boolean := p_lease IS NOT NULL AND p_lease <> '';
     v_lease_ok   boolean;
     v_verdict    text[] := array_fill(NULL::text, ARRAY[v_n]);
@@ -73,8 +74,8 @@ DECLARE
     v_rank       integer;
 BEGIN
     SELECT c.committed, c.worker_id, c.lease_expires_at, c.batch_end, c.retry_count,
-           q.retry_limit, q.dead_letter_queue OR q.dlq_after_max_retries, q.id
-    INTO v_committed, v_worker, v_expires, v_batch_end, v_retries, v_limit, v_dlq_on, v_qid
+           q.retry_limit, q.dead_letter_queue OR q.dlq_after_max_retries, q.id, q.name
+    INTO v_committed, v_worker, v_expires, v_batch_end, v_retries, v_limit, v_dlq_on, v_qid, v_queue
     FROM queen.consumers c
     JOIN queen.partitions p ON p.id = c.partition_id
     JOIN queen.queues q ON q.id = p.queue_id
@@ -86,7 +87,7 @@ BEGIN
                 CASE WHEN p_offsets[i] IS NULL
                      THEN 'unresolvable: transaction not in the ack window (hash purged or never pushed); if leased, the message redelivers'
                      ELSE 'no cursor: this consumer group has not consumed from this partition' END,
-                false, false, false, NULL::bigint;
+                false, false, false, NULL::bigint, NULL::text;
         END LOOP;
         RETURN;
     END IF;
@@ -127,7 +128,7 @@ BEGIN
         IF v_head = v_new + 1 AND (v_head_rank = 3 OR (v_head_rank = 2 AND v_retries >= v_limit)) THEN
             IF v_dlq_on OR v_head_rank = 3 THEN
                 IF p_dlq_offset IS DISTINCT FROM v_head THEN
-                    RETURN QUERY SELECT -1, false, 'snapshot'::text, false, false, false, v_head;
+                    RETURN QUERY SELECT -1, false, 'snapshot'::text, false, false, false, v_head, v_queue;
                     RETURN;
                 END IF;
                 v_err := COALESCE(NULLIF(p_errors[v_head_i], ''),
@@ -166,6 +167,7 @@ BEGIN
 
     FOR i IN 1..v_n LOOP
         o_index := i - 1; o_noop := false; o_dlq := false; o_lease_released := false; o_committed := v_new;
+        o_queue := v_queue;
         CASE v_verdict[i]
             WHEN 'unresolvable' THEN
                 o_success := false;

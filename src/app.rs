@@ -130,7 +130,8 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
     pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
-    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack };
+    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
+        telemetry: crate::metrics::Telemetry::global() };
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
         let pop = pop.clone();

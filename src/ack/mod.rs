@@ -78,6 +78,8 @@ pub struct AckOutcome {
     pub lease_released: bool,
     pub dlq: bool,
     pub noop: bool,
+    /// The queue of the acknowledged message, when it resolved to one.
+    pub queue: Option<String>,
 }
 
 /// A lease released by an ack: the partition may have something to redeliver.
@@ -182,6 +184,7 @@ impl AckService {
                     lease_released: row.get("o_lease_released"),
                     dlq: row.get("o_dlq"),
                     noop: row.get("o_noop"),
+                    queue: row.get("o_queue"),
                 };
                 lease_released |= o.lease_released;
                 outcomes[i] = Some(o);
@@ -271,6 +274,7 @@ fn failure(index: usize, item: &AckItem, error: &str) -> AckOutcome {
         lease_released: false,
         dlq: false,
         noop: false,
+        queue: None,
     }
 }
 

@@ -73,6 +73,7 @@ pub async fn ack_one(State(state): State<AppState>, headers: HeaderMap, body: Bo
     let v = json_body(&state, &headers, body).await?.ok_or_else(|| ApiError::BadRequest("bad body: empty".into()))?;
     let item = item_of(&v, QUEUE_MODE).map_err(ApiError::BadRequest)?;
     let (outcomes, released) = state.ack.ack(std::slice::from_ref(&item)).await.map_err(ApiError::from)?;
+    state.count_acks(&outcomes);
     wake_after(&state, &released);
     Ok(Json(Value::Array(outcomes.iter().map(render).collect())))
 }
@@ -102,6 +103,7 @@ pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: 
     }
     if !valid.is_empty() {
         let (outcomes, released) = state.ack.ack(&valid).await.map_err(ApiError::from)?;
+        state.count_acks(&outcomes);
         wake_after(&state, &released);
         for (o, &i) in outcomes.iter().zip(&positions) {
             let mut r = render(o);
@@ -151,7 +153,7 @@ pub async fn transaction(State(state): State<AppState>, headers: HeaderMap, body
     match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, text).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
-                state.pop.pushed(queue, *pid, partition, *n);
+                state.committed_push(queue, *pid, partition, *n);
             }
             wake_after(&state, &done.released);
             Ok(Json(done.answer).into_response())

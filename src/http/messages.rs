@@ -78,7 +78,7 @@ pub async fn retry_message(State(state): State<AppState>, Path((pid, txn)): Path
     match messages::replay_dead_letter(&state.pool, &state.coalescer, pid, &txn).await? {
         Some(r) => {
             if r.queued {
-                state.pop.pushed(&r.queue, r.partition_id, &r.partition, 1);
+                state.committed_push(&r.queue, r.partition_id, &r.partition, 1);
             }
             Ok(Json(r.answer).into_response())
         }

@@ -8,6 +8,7 @@ pub mod body;
 pub mod error;
 pub mod health;
 pub mod messages;
+pub mod metrics;
 pub mod pop;
 pub mod push;
 pub mod query;
@@ -34,12 +35,37 @@ pub struct AppState {
     pub coalescer: Coalescer,
     pub pop: Arc<PopService>,
     pub ack: Arc<AckService>,
+    pub telemetry: Arc<crate::metrics::Telemetry>,
+}
+
+impl AppState {
+    /// `count` messages were committed to (queue, partition): counters, and
+    /// the pop side's rings and wake gates.
+    pub fn committed_push(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
+        self.telemetry.pushed(queue, count);
+        self.pop.pushed(queue, partition_id, partition, count);
+    }
+
+    /// Counts the acks that took effect, per queue.
+    pub fn count_acks(&self, outcomes: &[crate::ack::AckOutcome]) {
+        let mut per_queue: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for o in outcomes.iter().filter(|o| o.success && !o.noop) {
+            if let Some(q) = o.queue.as_deref() {
+                *per_queue.entry(q).or_default() += 1;
+            }
+        }
+        for (q, n) in per_queue {
+            self.telemetry.acked(q, n);
+        }
+    }
 }
 
 /// The whole route table.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health::health))
+        .route("/metrics", get(metrics::json))
+        .route("/metrics/prometheus", get(metrics::prometheus))
         .route("/api/v1/push", post(push::push))
         .route("/api/v1/pop", get(pop::pop_discovery))
         .route("/api/v1/pop/queue/{queue}", get(pop::pop_queue))
@@ -70,6 +96,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::observe))
         .with_state(state)
 }
 

@@ -78,6 +78,6 @@ fn notify_consumers(state: &AppState, results: &[ItemResult]) {
         }
     }
     for (r, n) in counts {
-        state.pop.pushed(&r.queue, r.outcome.partition_id(), &r.partition, n);
+        state.committed_push(&r.queue, r.outcome.partition_id(), &r.partition, n);
     }
 }

@@ -191,6 +191,12 @@ impl HotList {
         });
     }
 
+    /// Ready candidates across every ring.
+    pub fn ready_total(&self) -> usize {
+        let rings = self.rings.lock().expect("hot-list lock poisoned");
+        rings.values().flat_map(|g| g.values()).map(|r| r.ready.len()).sum()
+    }
+
     /// Ready candidates of a ring (tests and metrics).
     pub fn ready_len(&self, queue: &str, group: &str) -> usize {
         self.with_ring(queue, group, |r| r.ready.len()).unwrap_or(0)

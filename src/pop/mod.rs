@@ -65,6 +65,7 @@ pub struct PopService {
     pub wake: Arc<WakeGates>,
     pub min_wait: Arc<min_wait::MinPopWait>,
     registry: Arc<crate::ack::AckRegistry>,
+    telemetry: Arc<crate::metrics::Telemetry>,
     permits: Semaphore,
     maintenance: AtomicBool,
     /// Flipped on shutdown: parked long-polls answer 204 at once.
@@ -87,6 +88,7 @@ impl PopService {
             wake: Arc::new(WakeGates::default()),
             min_wait: Arc::new(min_wait::MinPopWait::default()),
             registry,
+            telemetry: crate::metrics::Telemetry::global(),
             // Leave a quarter of the pool to pushes and acks.
             permits: Semaphore::new((pool_size * 3 / 4).max(1)),
             maintenance: AtomicBool::new(false),
@@ -158,6 +160,7 @@ impl PopService {
                 for (pid, batch) in rendered.batches {
                     self.registry.record(&lease_id, pid, batch);
                 }
+                self.count_delivery(&result);
                 return Ok(Some(rendered.body));
             }
             let now = Instant::now();
@@ -165,12 +168,34 @@ impl PopService {
                 return Ok(None);
             }
             let pause = wake::backoff_interval(attempt, &self.cfg).min(deadline - now);
+            let _parked = Parked::new(&self.telemetry);
             tokio::select! {
                 _ = &mut woken => attempt = 0,
                 _ = tokio::time::sleep(pause) => attempt += 1,
                 _ = closing.changed() => return Ok(None),
             }
         }
+    }
+
+    /// Counts delivered messages per queue and their delivery lag (age of
+    /// their segment at delivery).
+    fn count_delivery(&self, result: &ClaimResult) {
+        let now = chrono::Utc::now();
+        for c in &result.claimed {
+            let n: usize = c.segments.iter().map(|s| s.take).sum();
+            self.telemetry.popped(&c.queue, n as u64);
+            for s in &c.segments {
+                let lag = (now - s.created_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
+                for _ in 0..s.take {
+                    metrics::histogram!(crate::metrics::DELIVERY_LAG).record(lag);
+                }
+            }
+        }
+    }
+
+    /// Ready candidates across every ring (a gauge).
+    pub fn hotlist_ready(&self) -> usize {
+        self.hotlist.ready_total()
     }
 
     /// One look for work: at most one claim round trip.
@@ -232,5 +257,21 @@ impl PopService {
 
     async fn connection(&self) -> Result<deadpool_postgres::Client, PopError> {
         self.pool.get().await.map_err(|_| PopError::Pool)
+    }
+}
+
+/// Counts a long-poll as parked for as long as this lives.
+struct Parked<'a>(&'a crate::metrics::Telemetry);
+
+impl<'a> Parked<'a> {
+    fn new(t: &'a crate::metrics::Telemetry) -> Self {
+        t.parked.fetch_add(1, Ordering::Relaxed);
+        Parked(t)
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.0.parked.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -374,6 +374,7 @@ pub async fn write_segment(
     let window: i32 = first.get("o_window");
     let partition_id: i64 = first.get("o_partition_id");
     if first.get::<_, Option<i32>>("o_dup_index").is_none() {
+        metrics::histogram!(crate::metrics::SEGMENT_MESSAGES).record(hashes.len() as f64);
         return Ok(SegmentWrite::Written { partition_id, base_offset: first.get("o_base_offset"), window });
     }
     let dups = rows

@@ -1,0 +1,153 @@
+//! What the broker counts, and the two ways it shows it: JSON at `/metrics`
+//! (the shape the Python client's `Admin.metrics()` reads) and Prometheus text
+//! at `/metrics/prometheus`, rendered by `metrics-exporter-prometheus`.
+//!
+//! Counters that the analytics sampler persists once a minute (pushed,
+//! popped, acked per queue) are also kept here as deltas since the last
+//! sample, so the sampler's cost follows the queues that saw traffic.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+pub const PUSHED: &str = "queen_push_messages_total";
+pub const POPPED: &str = "queen_pop_messages_total";
+pub const ACKED: &str = "queen_ack_messages_total";
+pub const DELIVERY_LAG: &str = "queen_delivery_lag_seconds";
+pub const REQUEST_DURATION: &str = "queen_http_request_duration_seconds";
+pub const SEGMENT_MESSAGES: &str = "queen_segment_messages";
+pub const POOL_CONNECTIONS: &str = "queen_db_pool_connections";
+pub const POOL_WAITING: &str = "queen_db_pool_waiting";
+pub const PARKED: &str = "queen_parked_long_polls";
+pub const HOTLIST_READY: &str = "queen_hotlist_ready_partitions";
+
+/// Per-queue traffic since the last analytics sample: pushed, popped, acked.
+pub type QueueDeltas = HashMap<String, [u64; 3]>;
+
+/// The broker's counters. One per process (the recorder is global).
+pub struct Telemetry {
+    prometheus: PrometheusHandle,
+    started: Instant,
+    pub requests: AtomicU64,
+    pub pushed: AtomicU64,
+    pub popped: AtomicU64,
+    pub acked: AtomicU64,
+    pub parked: AtomicI64,
+    deltas: Mutex<QueueDeltas>,
+}
+
+static GLOBAL: OnceLock<Arc<Telemetry>> = OnceLock::new();
+
+impl Telemetry {
+    /// The process-wide instance (installs the Prometheus recorder once).
+    pub fn global() -> Arc<Telemetry> {
+        GLOBAL
+            .get_or_init(|| {
+                let prometheus = PrometheusBuilder::new()
+                    .set_buckets(&[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+                    .expect("bucket list is non-empty")
+                    .set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(SEGMENT_MESSAGES.into()),
+                        &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0],
+                    )
+                    .expect("bucket list is non-empty")
+                    .install_recorder()
+                    .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder().handle());
+                Arc::new(Telemetry {
+                    prometheus,
+                    started: Instant::now(),
+                    requests: AtomicU64::new(0),
+                    pushed: AtomicU64::new(0),
+                    popped: AtomicU64::new(0),
+                    acked: AtomicU64::new(0),
+                    parked: AtomicI64::new(0),
+                    deltas: Mutex::new(HashMap::new()),
+                })
+            })
+            .clone()
+    }
+
+    fn count(&self, queue: &str, slot: usize, n: u64) {
+        let mut d = self.deltas.lock().expect("deltas lock poisoned");
+        match d.get_mut(queue) {
+            Some(v) => v[slot] += n,
+            None => {
+                let mut v = [0; 3];
+                v[slot] = n;
+                d.insert(queue.to_string(), v);
+            }
+        }
+    }
+
+    pub fn pushed(&self, queue: &str, n: u64) {
+        self.pushed.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(PUSHED, "queue" => queue.to_string()).increment(n);
+        self.count(queue, 0, n);
+    }
+
+    pub fn popped(&self, queue: &str, n: u64) {
+        self.popped.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(POPPED, "queue" => queue.to_string()).increment(n);
+        self.count(queue, 1, n);
+    }
+
+    pub fn acked(&self, queue: &str, n: u64) {
+        self.acked.fetch_add(n, Ordering::Relaxed);
+        metrics::counter!(ACKED, "queue" => queue.to_string()).increment(n);
+        self.count(queue, 2, n);
+    }
+
+    /// Takes the per-queue traffic since the last call.
+    pub fn take_deltas(&self) -> QueueDeltas {
+        std::mem::take(&mut *self.deltas.lock().expect("deltas lock poisoned"))
+    }
+
+    /// Puts back deltas a failed sample could not persist.
+    pub fn restore_deltas(&self, deltas: QueueDeltas) {
+        for (q, v) in deltas {
+            for (slot, n) in v.into_iter().enumerate() {
+                if n > 0 {
+                    self.count(&q, slot, n);
+                }
+            }
+        }
+    }
+
+    pub fn uptime_seconds(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    /// The Prometheus text exposition, with the gauges read now.
+    pub fn prometheus_text(&self, pool: &deadpool_postgres::Pool, hotlist_ready: usize) -> String {
+        let s = pool.status();
+        metrics::gauge!(POOL_CONNECTIONS, "state" => "in_use").set((s.size - s.available) as f64);
+        metrics::gauge!(POOL_CONNECTIONS, "state" => "idle").set(s.available as f64);
+        metrics::gauge!(POOL_WAITING).set(s.waiting as f64);
+        metrics::gauge!(PARKED).set(self.parked.load(Ordering::Relaxed) as f64);
+        metrics::gauge!(HOTLIST_READY).set(hotlist_ready as f64);
+        self.prometheus.render()
+    }
+}
+
+/// Resident set size and CPU seconds of this process, from /proc.
+pub fn process_usage() -> (u64, f64, f64) {
+    let rss_kb = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let (user, system) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the parenthesized command name; utime and stime are 14 and 15.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((f.get(11)?.parse::<f64>().ok()? / ticks, f.get(12)?.parse::<f64>().ok()? / ticks))
+        })
+        .unwrap_or((0.0, 0.0));
+    (rss_kb * 1024, user, system)
+}

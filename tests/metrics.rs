@@ -1,0 +1,65 @@
+//! `/metrics` (JSON) and `/metrics/prometheus` (text), issue 5.
+
+mod common;
+
+use common::Broker;
+use serde_json::json;
+
+#[tokio::test]
+async fn both_metric_endpoints_report_real_traffic() {
+    let b = Broker::start().await;
+    b.push_to("mq", "p", &[json!(1), json!(2), json!(3)]).await;
+    let body = b.pop("/api/v1/pop/queue/mq?batch=2").await.body.unwrap();
+    let acks: Vec<(&str, &str, &str, Option<&str>)> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["transactionId"].as_str().unwrap(), m["partitionId"].as_str().unwrap(), "completed", body["leaseId"].as_str()))
+        .collect();
+    b.ack_batch(None, &acks).await;
+
+    let (status, m) = b.get("/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!((m["messages"]["pushed"].as_u64(), m["messages"]["popped"].as_u64(), m["messages"]["acked"].as_u64()), (Some(3), Some(2), Some(2)));
+    assert_eq!(m["messages"]["total"], 3);
+    assert!(m["requests"]["total"].as_u64().unwrap() >= 3);
+    assert_eq!(m["database"]["poolSize"], 160);
+    assert!(m["memory"]["rss"].as_u64().unwrap() > 1_000_000);
+    assert!(m["uptime"].is_u64());
+
+    let r = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/plain; version=0.0.4");
+    let text = r.text().await.unwrap();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("valid exposition");
+    let value = |name: &str, queue: &str| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && s.labels.get("queue") == Some(queue))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            })
+    };
+    assert_eq!(value("queen_push_messages_total", "mq"), Some(3.0));
+    assert_eq!(value("queen_pop_messages_total", "mq"), Some(2.0));
+    assert_eq!(value("queen_ack_messages_total", "mq"), Some(2.0));
+    for family in [
+        "queen_http_request_duration_seconds",
+        "queen_delivery_lag_seconds",
+        "queen_segment_messages",
+        "queen_db_pool_connections",
+        "queen_db_pool_waiting",
+        "queen_parked_long_polls",
+        "queen_hotlist_ready_partitions",
+    ] {
+        assert!(scrape.samples.iter().any(|s| s.metric.starts_with(family)), "{family} missing from\n{text}");
+    }
+    let route_labels: Vec<&str> = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric.starts_with("queen_http_request_duration_seconds"))
+        .filter_map(|s| s.labels.get("route"))
+        .collect();
+    assert!(route_labels.contains(&"/api/v1/pop/queue/:queue"), "routes are labelled by pattern: {route_labels:?}");
+}
