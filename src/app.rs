@@ -130,6 +130,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
     pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
+    spawn_maintenance(&config, &store.pool, &stop_services);
     let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global() };
     tracing::info!(%local, "listening on http://{local}");
@@ -146,6 +147,26 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     coalescer.drain(Duration::from_secs(30)).await;
     let _ = stop_services.send(());
     Ok(())
+}
+
+/// The background services, each with the shutdown signal.
+fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &broadcast::Sender<()>) {
+    use crate::maintenance::{dedup_purge, metrics_sampler, retention, spawn_service};
+    let (p, batch) = (pool.clone(), config.retention_batch);
+    spawn_service("retention", config.retention_interval, stop.subscribe(), move || {
+        let p = p.clone();
+        async move { retention::tick(&p, batch).await }
+    });
+    let (p, batch) = (pool.clone(), config.retention_batch as i64);
+    spawn_service("dedup_purge", config.retention_interval, stop.subscribe(), move || {
+        let p = p.clone();
+        async move { dedup_purge::tick(&p, batch).await }
+    });
+    let (p, broker, days) = (pool.clone(), config.server_id.clone(), config.metrics_retention_days);
+    spawn_service("metrics_sampler", config.metrics_flush, stop.subscribe(), move || {
+        let (p, broker) = (p.clone(), broker.clone());
+        async move { metrics_sampler::tick(&p, &crate::metrics::Telemetry::global(), &broker, days).await }
+    });
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -90,6 +90,14 @@ pub struct Config {
     pub queue_cache_refresh: Duration,
     /// Memory bound of the ack registry.
     pub ack_registry_bytes: usize,
+    /// Cadence and batch of the retention and dedup-purge services.
+    pub retention_interval: Duration,
+    pub retention_batch: i32,
+    /// Cadence of the analytics sampler and how long samples are kept.
+    pub metrics_flush: Duration,
+    pub metrics_retention_days: i32,
+    /// This broker's name in shared tables (metrics samples).
+    pub server_id: String,
 }
 
 /// A variable that does not parse.
@@ -221,6 +229,11 @@ impl Config {
             },
             queue_cache_refresh: ms(&["QUEEN_CACHE_REFRESH_INTERVAL_MS"], 60_000, 50)?,
             ack_registry_bytes: env.parse(&["QUEEN_ACK_REGISTRY_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
+            retention_interval: ms(&["RETENTION_INTERVAL"], 5000, 100)?,
+            retention_batch: env.parse(&["RETENTION_BATCH_SIZE"], 1000i32, "a batch size of at least 1", |v| *v >= 1)?,
+            metrics_flush: ms(&["METRICS_FLUSH_MS"], 60_000, 100)?,
+            metrics_retention_days: env.parse(&["METRICS_RETENTION_DAYS"], 90i32, "a number of days of at least 1", |v| *v >= 1)?,
+            server_id: env.string(&["QUEEN_SERVER_ID", "HOSTNAME"], &format!("queen-{}", std::process::id())),
         })
     }
 
@@ -257,6 +270,11 @@ impl Config {
         ("QUEEN_HOTLIST_RESEED_MS", "30000", "how often a candidate ring is reseeded from SQL"),
         ("QUEEN_CACHE_REFRESH_INTERVAL_MS", "60000", "how often per-queue settings cached in the broker (minPopWaitTime) are reloaded"),
         ("QUEEN_ACK_REGISTRY_MB", "64", "memory for the ack registry (leased batches resolved without PostgreSQL; 0 = always use the index)"),
+        ("RETENTION_INTERVAL", "5000", "ms between retention and dedup-purge passes"),
+        ("RETENTION_BATCH_SIZE", "1000", "segments one retention batch removes"),
+        ("METRICS_FLUSH_MS", "60000", "ms between analytics samples"),
+        ("METRICS_RETENTION_DAYS", "90", "days analytics samples are kept"),
+        ("QUEEN_SERVER_ID (or HOSTNAME)", "queen-<pid>", "this broker's name in analytics samples"),
     ];
 
     /// The variable table as text, for `--help`.

@@ -14,6 +14,7 @@ pub mod db;
 pub mod embedded_pg;
 pub mod http;
 pub mod log;
+pub mod maintenance;
 pub mod metrics;
 pub mod pop;
 pub mod push;

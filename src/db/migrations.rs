@@ -31,6 +31,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(3, "0003_pop.sql"),
     migration!(4, "0004_ack.sql"),
     migration!(5, "0005_admin.sql"),
+    migration!(6, "0006_maintenance.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

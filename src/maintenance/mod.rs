@@ -1,0 +1,43 @@
+//! Background services, one file each: retention, the dedup-window purge of
+//! the transaction index, and the metrics sampler. Each runs on its own
+//! cadence until the shutdown signal, does bounded work per tick, and treats
+//! a failed tick as a skipped one (the next tick retries).
+
+pub mod dedup_purge;
+pub mod metrics_sampler;
+pub mod retention;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+/// Runs `tick` every `every` until shutdown. A tick that reports more work
+/// left (`Ok(true)`) is followed at once by another, up to a bound, so a
+/// backlog drains without waiting a full interval per batch.
+pub fn spawn_service<F, Fut>(name: &'static str, every: Duration, mut shutdown: broadcast::Receiver<()>, mut tick: F)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<bool, crate::db::DbError>> + Send,
+{
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = shutdown.recv() => return,
+            }
+            for _ in 0..100 {
+                match tick().await {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(service = name, error = %e, "maintenance tick failed; retrying next tick");
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,83 @@
+//! Background services: retention, the dedup purge, the metrics sampler (issue 5).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, Broker};
+use serde_json::json;
+
+async fn fast_broker() -> Broker {
+    Broker::start_with(&[("RETENTION_INTERVAL", "300"), ("METRICS_FLUSH_MS", "300")]).await
+}
+
+async fn count(b: &Broker, sql: &str) -> i64 {
+    b.sql().await.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// Pops (queue, partition p) leased for `group` and gives it back with
+/// `retry`: the group now has a cursor at -1.
+async fn touch(b: &Broker, queue: &str, group: &str) {
+    let body = b.pop(&format!("/api/v1/pop/queue/{queue}/partition/p?consumerGroup={group}&batch=1")).await.body.unwrap();
+    let m = &body["messages"][0];
+    b.ack_batch(Some(group), &[(m["transactionId"].as_str().unwrap(), m["partitionId"].as_str().unwrap(), "retry", body["leaseId"].as_str())]).await;
+}
+
+#[tokio::test]
+async fn retention_removes_old_segments_and_a_cursor_in_the_gap_moves_on() {
+    let b = fast_broker().await;
+    b.push_to("ret", "p", &[json!("old")]).await;
+    b.post("/api/v1/configure", json!({"queue": "ret", "options": {"retentionSeconds": 3}})).await;
+    touch(&b, "ret", "h").await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    b.push_to("ret", "p", &[json!("new")]).await;
+    eventually("the old segment to expire", Duration::from_secs(5), || async { count(&b, "SELECT count(*) FROM queen.segments").await == 1 }).await;
+    assert_eq!(count(&b, "SELECT log_start FROM queen.partitions").await, 1, "log_start follows the first kept offset");
+    assert_eq!(b.pop("/api/v1/pop/queue/ret/partition/p?consumerGroup=h").await.data(), [json!("new")]);
+    assert_eq!(b.pop("/api/v1/pop/queue/ret/partition/p?consumerGroup=fresh").await.data(), [json!("new")]);
+}
+
+#[tokio::test]
+async fn completed_retention_waits_for_every_group() {
+    let b = fast_broker().await;
+    b.push_to("done", "p", &[json!("a")]).await;
+    b.post("/api/v1/configure", json!({"queue": "done", "options": {"completedRetentionSeconds": 1}})).await;
+    // Two groups subscribe through the wildcard route; only one finishes.
+    assert_eq!(b.pop("/api/v1/pop/queue/done?consumerGroup=fast&autoAck=true").await.data(), [json!("a")]);
+    let slow = b.pop("/api/v1/pop/queue/done?consumerGroup=slow").await.body.unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.segments").await, 1, "kept while a group still needs it");
+    let m = &slow["messages"][0];
+    b.ack_batch(Some("slow"), &[(m["transactionId"].as_str().unwrap(), m["partitionId"].as_str().unwrap(), "completed", slow["leaseId"].as_str())]).await;
+    eventually("the consumed segment to go", Duration::from_secs(5), || async { count(&b, "SELECT count(*) FROM queen.segments").await == 0 }).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/done?consumerGroup=slow").await.status, 204);
+}
+
+#[tokio::test]
+async fn the_dedup_purge_removes_index_entries_past_the_window() {
+    let b = fast_broker().await;
+    b.push_to("dd", "p", &[json!(1), json!(2)]).await;
+    b.post("/api/v1/configure", json!({"queue": "dd", "options": {"dedupWindowSeconds": 1}})).await;
+    b.push_to("dd", "q", &[json!(3)]).await;
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.txn_index").await, 3);
+    eventually("the index to empty", Duration::from_secs(5), || async { count(&b, "SELECT count(*) FROM queen.txn_index").await == 0 }).await;
+    // Untouched: a queue with the default hour-long window.
+    b.push_to("kept", "p", &[json!(1)]).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.txn_index").await, 1);
+}
+
+#[tokio::test]
+async fn the_sampler_persists_per_queue_traffic() {
+    let b = fast_broker().await;
+    b.push_to("sampled", "p", &[json!(1), json!(2), json!(3)]).await;
+    b.pop("/api/v1/pop/queue/sampled?batch=2&autoAck=true").await;
+    eventually("a sample", Duration::from_secs(5), || async {
+        count(&b, "SELECT COALESCE(sum(pushed), 0)::bigint FROM queen.metrics_samples WHERE queue_name = 'sampled'").await == 3
+    })
+    .await;
+    eventually("the pops", Duration::from_secs(5), || async {
+        count(&b, "SELECT COALESCE(sum(popped), 0)::bigint FROM queen.metrics_samples WHERE queue_name = 'sampled'").await == 2
+    })
+    .await;
+}
