@@ -81,3 +81,42 @@ async fn the_sampler_persists_per_queue_traffic() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn status_routes_report_real_figures() {
+    let b = fast_broker().await;
+    b.push_to("st.one", "a", &[json!(1), json!(2), json!(3)]).await;
+    b.push_to("st.one", "b", &[json!(4)]).await;
+    b.push_to("st.two", "a", &[json!(5)]).await;
+    b.pop("/api/v1/pop/queue/st.one/partition/a?consumerGroup=g&batch=2&autoAck=true").await;
+    eventually("a sample", Duration::from_secs(5), || async {
+        count(&b, "SELECT COALESCE(sum(popped), 0)::bigint FROM queen.metrics_samples").await == 2
+    })
+    .await;
+
+    let (status, s) = b.get("/api/v1/status?namespace=st").await;
+    assert_eq!(status, 200);
+    assert_eq!((s["queues"].as_i64(), s["partitions"].as_i64()), (Some(2), Some(3)));
+    assert_eq!(s["messages"], json!({"total": 5, "pending": 3}), "g committed 2 of partition a");
+    assert_eq!((s["throughput"]["pushed"].as_i64(), s["throughput"]["popped"].as_i64()), (Some(5), Some(2)));
+
+    let (_, list) = b.get("/api/v1/status/queues?namespace=st").await;
+    assert_eq!(list["total"], 2);
+    let one = &list["queues"][0];
+    assert_eq!((one["name"].as_str(), one["pending"].as_i64(), one["messages"].as_i64()), (Some("st.one"), Some(2), Some(4)));
+    assert_eq!(one["groups"][0]["name"], "g");
+    assert_eq!(one["groups"][0]["pending"], 1);
+
+    let (status, q) = b.get("/api/v1/status/queues/st.one").await;
+    assert_eq!(status, 200);
+    assert_eq!(q["partitions"].as_array().unwrap().len(), 2);
+    assert_eq!(q["throughput"]["pushed"], 4);
+    assert_eq!(b.get("/api/v1/status/queues/none").await.0, 404);
+    let (_, m) = b.get("/api/v1/status/queues/st.one/messages?limit=2").await;
+    assert_eq!(m["messages"].as_array().unwrap().len(), 2);
+
+    let (_, a) = b.get("/api/v1/status/analytics?interval=minute&queue=st.one").await;
+    let pushed: i64 = a["series"].as_array().unwrap().iter().map(|p| p["pushed"].as_i64().unwrap()).sum();
+    assert_eq!(pushed, 4);
+    assert_eq!(b.get("/api/v1/status/analytics?interval=fortnight").await.0, 400);
+}

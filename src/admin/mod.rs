@@ -7,6 +7,7 @@ pub mod dlq;
 pub mod groups;
 pub mod messages;
 pub mod resources;
+pub mod status;
 
 use chrono::{DateTime, Utc};
 

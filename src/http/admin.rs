@@ -198,3 +198,56 @@ pub async fn subscription(
 pub async fn refresh_stats() -> Json<Value> {
     Json(json!({"success": true, "message": "statistics are computed on read", "refreshedAt": crate::admin::iso_ms(chrono::Utc::now())}))
 }
+
+fn scope(p: &Params) -> Result<crate::admin::status::Scope, ApiError> {
+    let mut s = crate::admin::status::Scope::new(p.time("from")?, p.time("to")?);
+    s.queue = p.text("queue");
+    s.namespace = p.text("namespace");
+    s.task = p.text("task");
+    Ok(s)
+}
+
+pub async fn status(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::parse(q)?;
+    Ok(Json(crate::admin::status::overview(&state.pool, &scope(&p)?).await?).into_response())
+}
+
+pub async fn status_queues(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::parse(q)?;
+    let answer = crate::admin::status::queues(&state.pool, &scope(&p)?, p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
+    Ok(Json(answer).into_response())
+}
+
+pub async fn status_queue(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::parse(q)?;
+    Ok(match crate::admin::status::queue(&state.pool, &queue, &scope(&p)?).await? {
+        Some(v) => Json(v).into_response(),
+        None => queue_not_found(),
+    })
+}
+
+pub async fn status_queue_messages(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::parse(q)?;
+    let filter = crate::admin::messages::MessageFilter {
+        queue: Some(queue),
+        partition: p.text("partition"),
+        status: p.text("status"),
+        from: p.time("from")?,
+        to: p.time("to")?,
+        limit: p.int("limit", 200, 1, 1000)? as usize,
+        offset: p.int("offset", 0, 0, 1_000_000)? as usize,
+        ..Default::default()
+    };
+    Ok(Json(crate::admin::messages::list(&state.pool, &filter).await?).into_response())
+}
+
+pub async fn analytics(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::parse(q)?;
+    let interval = match p.text("interval").as_deref() {
+        None | Some("minute") | Some("1m") => "minute",
+        Some("hour") | Some("1h") => "hour",
+        Some("day") | Some("1d") => "day",
+        Some(other) => return Err(ApiError::BadRequest(format!("interval: must be minute, hour or day, got {other:?}"))),
+    };
+    Ok(Json(crate::admin::status::analytics(&state.pool, &scope(&p)?, interval).await?).into_response())
+}
