@@ -131,8 +131,19 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     pop.wake.spawn_ticker(stop_services.subscribe());
     pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
     spawn_maintenance(&config, &store.pool, &stop_services);
+    let spool = match crate::push::spool::Spool::open(&config.file_buffer_dir) {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::warn!(dir = %config.file_buffer_dir.display(), error = %e,
+                           "FILE_BUFFER_DIR is not usable: push maintenance and outage spooling are off");
+            None
+        }
+    };
+    let flush_every = config.file_buffer_flush;
     let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
-        telemetry: crate::metrics::Telemetry::global() };
+        telemetry: crate::metrics::Telemetry::global(), spool,
+        push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)) };
+    spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
         let pop = pop.clone();
@@ -147,6 +158,24 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     coalescer.drain(Duration::from_secs(30)).await;
     let _ = stop_services.send(());
     Ok(())
+}
+
+/// Replays the push spool whenever it has work and maintenance is off
+/// (including at boot, for files an earlier run left).
+fn spawn_spool_replayer(state: AppState, every: Duration, mut shutdown: broadcast::Receiver<()>) {
+    if state.spool.is_none() {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => state.replay_spool().await,
+                _ = shutdown.recv() => return,
+            }
+        }
+    });
 }
 
 /// The background services, each with the shutdown signal.

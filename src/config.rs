@@ -98,6 +98,9 @@ pub struct Config {
     pub metrics_retention_days: i32,
     /// This broker's name in shared tables (metrics samples).
     pub server_id: String,
+    /// The push spool's directory and how often it is replayed.
+    pub file_buffer_dir: PathBuf,
+    pub file_buffer_flush: Duration,
 }
 
 /// A variable that does not parse.
@@ -234,6 +237,8 @@ impl Config {
             metrics_flush: ms(&["METRICS_FLUSH_MS"], 60_000, 100)?,
             metrics_retention_days: env.parse(&["METRICS_RETENTION_DAYS"], 90i32, "a number of days of at least 1", |v| *v >= 1)?,
             server_id: env.string(&["QUEEN_SERVER_ID", "HOSTNAME"], &format!("queen-{}", std::process::id())),
+            file_buffer_dir: PathBuf::from(env.string(&["FILE_BUFFER_DIR"], "/var/lib/queen/buffers")),
+            file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
         })
     }
 
@@ -275,6 +280,8 @@ impl Config {
         ("METRICS_FLUSH_MS", "60000", "ms between analytics samples"),
         ("METRICS_RETENTION_DAYS", "90", "days analytics samples are kept"),
         ("QUEEN_SERVER_ID (or HOSTNAME)", "queen-<pid>", "this broker's name in analytics samples"),
+        ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage"),
+        ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
     ];
 
     /// The variable table as text, for `--help`.

@@ -260,7 +260,7 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
         trace_id: row.get(5),
         payload: &payload,
     };
-    let results = push_items(coalescer, vec![item])
+    let results = push_items(coalescer, std::slice::from_ref(&item))
         .await
         .map_err(|e| DbError::Config(format!("replay push failed: {e}")))?;
     let r = &results[0];

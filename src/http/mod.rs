@@ -36,9 +36,38 @@ pub struct AppState {
     pub pop: Arc<PopService>,
     pub ack: Arc<AckService>,
     pub telemetry: Arc<crate::metrics::Telemetry>,
+    /// Where pushes go during maintenance or an outage (None: no usable
+    /// FILE_BUFFER_DIR, so those pushes fail instead).
+    pub spool: Option<Arc<crate::push::spool::Spool>>,
+    pub push_maintenance: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AppState {
+    pub fn push_maintenance(&self) -> bool {
+        self.push_maintenance.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Replays the spool (unless push maintenance is on), waking consumers
+    /// of what it commits.
+    pub async fn replay_spool(&self) {
+        let Some(spool) = &self.spool else { return };
+        if self.push_maintenance() || !spool.has_pending() {
+            return;
+        }
+        let on_commit = |results: &[crate::push::ItemResult]| {
+            for r in results {
+                if let crate::push::Outcome::Queued { partition_id, .. } = r.outcome {
+                    self.committed_push(&r.queue, partition_id, &r.partition, 1);
+                }
+            }
+        };
+        match spool.replay(&self.coalescer, on_commit).await {
+            Ok(n) if n > 0 => tracing::info!(messages = n, "spool replayed"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "spool replay stopped; retrying later"),
+        }
+    }
+
     /// `count` messages were committed to (queue, partition): counters, and
     /// the pop side's rings and wake gates.
     pub fn committed_push(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
@@ -98,6 +127,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/messages", get(messages::list_messages))
         .route("/api/v1/messages/{partition_id}/{transaction_id}", get(messages::get_message).delete(messages::delete_message))
         .route("/api/v1/messages/{partition_id}/{transaction_id}/retry", post(messages::retry_message))
+        .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

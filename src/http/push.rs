@@ -58,9 +58,40 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Body)
     if items.is_empty() {
         return Ok((StatusCode::CREATED, Json(Vec::<PushAnswer>::new())).into_response());
     }
-    let results = push::push_items(&state.coalescer, items).await.map_err(|e| ApiError::from(&*e))?;
-    notify_consumers(&state, &results);
-    let answer: Vec<PushAnswer> = results.iter().map(PushAnswer::from).collect();
+    if let Some(spool) = &state.spool {
+        // Maintenance, or older spooled pushes still waiting: join the queue
+        // behind them so a partition keeps the order pushes were answered in.
+        if state.push_maintenance() || spool.has_pending() {
+            return spooled(spool, &items).await;
+        }
+    }
+    match push::push_items(&state.coalescer, &items).await {
+        Ok(results) => {
+            notify_consumers(&state, &results);
+            let answer: Vec<PushAnswer> = results.iter().map(PushAnswer::from).collect();
+            Ok((StatusCode::CREATED, Json(answer)).into_response())
+        }
+        Err(e) if e.database_unreachable() && state.spool.is_some() => {
+            tracing::warn!(error = %e, "PostgreSQL unreachable; spooling the push");
+            spooled(state.spool.as_ref().expect("checked above"), &items).await
+        }
+        Err(e) => Err(ApiError::from(&*e)),
+    }
+}
+
+/// Spools the request and answers `buffered` per item (201: the data is on
+/// disk, fsynced, and will be replayed in order).
+async fn spooled(spool: &crate::push::spool::Spool, items: &[crate::push::PushItem<'_>]) -> Result<Response, ApiError> {
+    let txns = spool.append(items).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let answer: Vec<serde_json::Value> = items
+        .iter()
+        .zip(txns)
+        .enumerate()
+        .map(|(index, (item, txn))| {
+            serde_json::json!({"index": index, "status": "buffered", "messageId": null, "message_id": null,
+                               "transactionId": txn, "transaction_id": txn, "queueName": item.queue, "partitionId": null})
+        })
+        .collect();
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 

@@ -1,5 +1,7 @@
-//! System switches. Pop maintenance: while on, every pop answers 204 at once
-//! with no work done. The switch is per broker process and not persisted.
+//! System switches, per broker process and not persisted. Push maintenance:
+//! while on, pushes are spooled to disk and answered `buffered`; turning it
+//! off replays the spool. Pop maintenance: while on, every pop answers 204 at
+//! once with no work done.
 
 use axum::extract::State;
 use axum::Json;
@@ -7,6 +9,36 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::AppState;
+
+/// Reads `{"enabled": bool}`.
+async fn enabled_flag(headers: axum::http::HeaderMap, body: axum::body::Body) -> Result<bool, ApiError> {
+    let bytes = super::body::read_limited(&headers, body, 4096).await?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))?;
+    v.get("enabled").and_then(Value::as_bool).ok_or_else(|| ApiError::BadRequest("enabled: required, a boolean".into()))
+}
+
+pub async fn get_push_maintenance(State(state): State<AppState>) -> Json<Value> {
+    let spooled = state.spool.as_ref().is_some_and(|s| s.has_pending());
+    Json(json!({"enabled": state.push_maintenance(), "spoolPending": spooled, "spoolAvailable": state.spool.is_some()}))
+}
+
+pub async fn set_push_maintenance(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Value>, ApiError> {
+    let enabled = enabled_flag(headers, body).await?;
+    if enabled && state.spool.is_none() {
+        return Err(ApiError::BadRequest("enabled: push maintenance needs a writable FILE_BUFFER_DIR".into()));
+    }
+    state.push_maintenance.store(enabled, std::sync::atomic::Ordering::SeqCst);
+    tracing::info!(enabled, "push maintenance switched");
+    if !enabled {
+        let s = state.clone();
+        tokio::spawn(async move { s.replay_spool().await });
+    }
+    Ok(Json(json!({"enabled": enabled})))
+}
 
 pub async fn get_pop_maintenance(State(state): State<AppState>) -> Json<Value> {
     Json(json!({"enabled": state.pop.maintenance()}))
@@ -17,10 +49,7 @@ pub async fn set_pop_maintenance(
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<Value>, ApiError> {
-    let bytes = super::body::read_limited(&headers, body, 4096).await?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))?;
-    let enabled =
-        v.get("enabled").and_then(Value::as_bool).ok_or_else(|| ApiError::BadRequest("enabled: required, a boolean".into()))?;
+    let enabled = enabled_flag(headers, body).await?;
     state.pop.set_maintenance(enabled);
     tracing::info!(enabled, "pop maintenance switched");
     Ok(Json(json!({"enabled": enabled})))

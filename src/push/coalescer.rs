@@ -76,6 +76,18 @@ pub enum PushError {
     Lost,
 }
 
+impl PushError {
+    /// PostgreSQL could not be reached at all (as opposed to refusing the
+    /// write): the push may be spooled and replayed later.
+    pub fn database_unreachable(&self) -> bool {
+        match self {
+            PushError::Db(DbError::Pool(_)) => true,
+            PushError::Db(DbError::Pg(e)) => e.is_closed() || e.as_db_error().is_none(),
+            _ => false,
+        }
+    }
+}
+
 type Reply = oneshot::Sender<Result<Vec<Outcome>, Arc<PushError>>>;
 
 /// A chunk of one request bound for one partition: frames encoded back to back.

@@ -4,6 +4,7 @@
 //! committed.
 
 pub mod coalescer;
+pub mod spool;
 pub mod validate;
 
 use std::collections::HashMap;
@@ -98,9 +99,9 @@ impl PushPlan {
 /// Pushes validated items. Every item is committed (or found to be a
 /// duplicate) when this returns `Ok`; on `Err` the caller answers 5xx and the
 /// client's retry is made safe by deduplication.
-pub async fn push_items(coalescer: &Coalescer, items: Vec<PushItem<'_>>) -> Result<Vec<ItemResult>, Arc<PushError>> {
+pub async fn push_items(coalescer: &Coalescer, items: &[PushItem<'_>]) -> Result<Vec<ItemResult>, Arc<PushError>> {
     let n = items.len();
-    let plan = PushPlan::new(&items);
+    let plan = PushPlan::new(items);
     let PushPlan { groups, txns, message_ids, .. } = &plan;
 
     // Encode and submit every chunk before awaiting any.
@@ -111,7 +112,7 @@ pub async fn push_items(coalescer: &Coalescer, items: Vec<PushItem<'_>>) -> Resu
         let mut chunk_idx: Vec<usize> = Vec::new();
         let mut frames: Vec<u8> = Vec::new();
         for &idx in &group.leaders {
-            let frame = plan.frame(&items, idx);
+            let frame = plan.frame(items, idx);
             if !chunk_items.is_empty()
                 && (chunk_items.len() >= cfg.max_frames || frames.len() + frame.encoded_len() > cfg.max_bytes)
             {
@@ -148,14 +149,14 @@ pub async fn push_items(coalescer: &Coalescer, items: Vec<PushItem<'_>>) -> Resu
     plan.settle_followers(&mut outcomes);
     let txns = plan.txns;
     Ok(items
-        .into_iter()
+        .iter()
         .zip(txns)
         .zip(outcomes)
         .enumerate()
         .map(|(index, ((item, transaction_id), o))| ItemResult {
             index,
-            queue: item.queue,
-            partition: item.partition,
+            queue: item.queue.clone(),
+            partition: item.partition.clone(),
             transaction_id,
             outcome: o.expect("every item has an outcome"),
         })

@@ -108,6 +108,7 @@ pub struct Broker {
     env: Vec<(String, String)>,
     child: Option<Child>,
     logs: Arc<Mutex<Vec<String>>>,
+    spool_dir: Option<PathBuf>,
 }
 
 impl Broker {
@@ -125,11 +126,18 @@ impl Broker {
         Broker::spawn(db, all).await
     }
 
-    /// A broker with exactly this environment (beyond HOST/PORT/logging).
-    pub async fn spawn(db: String, env: Vec<(String, String)>) -> Broker {
+    /// A broker with exactly this environment (beyond HOST/PORT/logging, and
+    /// a private push spool unless FILE_BUFFER_DIR is given).
+    pub async fn spawn(db: String, mut env: Vec<(String, String)>) -> Broker {
+        let mut spool_dir = None;
+        if !env.iter().any(|(k, _)| k == "FILE_BUFFER_DIR") {
+            let dir = tempfile::Builder::new().prefix("queen-spool-").tempdir_in("/tmp").unwrap().keep();
+            env.push(("FILE_BUFFER_DIR".into(), dir.display().to_string()));
+            spool_dir = Some(dir);
+        }
         let logs = Arc::new(Mutex::new(Vec::new()));
         let (child, url) = spawn_process(&env, logs.clone()).await;
-        Broker { url, db, http: reqwest::Client::new(), env, child: Some(child), logs }
+        Broker { url, db, http: reqwest::Client::new(), env, child: Some(child), logs, spool_dir }
     }
 
     pub fn pid(&self) -> u32 {
@@ -200,6 +208,9 @@ impl Drop for Broker {
             eprintln!("--- broker log ---\n{}", self.logs().join("\n"));
         }
         self.kill();
+        if let Some(dir) = &self.spool_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
