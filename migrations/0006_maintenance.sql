@@ -29,6 +29,13 @@ CREATE TABLE queen.metrics_samples (
 );
 CREATE INDEX metrics_samples_at ON queen.metrics_samples (sampled_at);
 
+-- Partitions retention emptied: candidates for the empty-partition cleanup,
+-- so that service never walks the partition table.
+CREATE TABLE queen.empty_partitions (
+    partition_id  bigint PRIMARY KEY,
+    emptied_at    timestamptz NOT NULL DEFAULT now()
+);
+
 -- Deletes up to p_batch expired segments: for queues with retentionSeconds,
 -- segments older than it; for queues with completedRetentionSeconds,
 -- segments older than that which every cursor of the partition has passed
@@ -80,9 +87,47 @@ BEGIN
                                                   AND d.base_offset = s.base_offset)),
                                  p.last_offset + 1)
         WHERE p.id IN (SELECT DISTINCT partition_id FROM deleted)
+        RETURNING p.id, p.log_start > p.last_offset AS empty
+    ), noted AS (
+        INSERT INTO queen.empty_partitions (partition_id)
+        SELECT id FROM touched WHERE empty
+        ON CONFLICT DO NOTHING
         RETURNING 1
     )
     SELECT count(*) INTO v_n FROM deleted;
+    RETURN v_n;
+END
+$$;
+
+-- Removes up to p_batch partitions that retention emptied and that nobody
+-- has written to for p_idle: the partition row, its cursors (cascade) and
+-- its index entries. A candidate written to again is just forgotten.
+CREATE FUNCTION queen.cleanup_partitions_v1(p_idle interval, p_batch integer)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n integer;
+BEGIN
+    DELETE FROM queen.empty_partitions e
+    USING queen.partitions p
+    WHERE p.id = e.partition_id AND p.last_offset >= p.log_start;
+    DELETE FROM queen.empty_partitions e
+    WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.id = e.partition_id);
+    WITH doomed AS (
+        SELECT p.id FROM queen.empty_partitions e
+        JOIN queen.partitions p ON p.id = e.partition_id
+        WHERE p.last_write_at < now() - p_idle
+        ORDER BY e.emptied_at
+        LIMIT p_batch
+        FOR UPDATE OF p SKIP LOCKED
+    ), idx AS (
+        DELETE FROM queen.txn_index t USING doomed d WHERE t.partition_id = d.id RETURNING 1
+    ), gone AS (
+        DELETE FROM queen.partitions p USING doomed d WHERE p.id = d.id RETURNING p.id
+    ), forgotten AS (
+        DELETE FROM queen.empty_partitions e USING gone g WHERE e.partition_id = g.id RETURNING 1
+    )
+    SELECT count(*) INTO v_n FROM gone;
     RETURN v_n;
 END
 $$;

@@ -180,7 +180,14 @@ fn spawn_spool_replayer(state: AppState, every: Duration, mut shutdown: broadcas
 
 /// The background services, each with the shutdown signal.
 fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &broadcast::Sender<()>) {
-    use crate::maintenance::{dedup_purge, metrics_sampler, retention, spawn_service};
+    use crate::maintenance::{dedup_purge, metrics_sampler, partition_cleanup, retention, spawn_service};
+    if let Some(idle) = config.partition_cleanup {
+        let (p, batch) = (pool.clone(), config.retention_batch);
+        spawn_service("partition_cleanup", config.retention_interval, stop.subscribe(), move || {
+            let p = p.clone();
+            async move { partition_cleanup::tick(&p, idle, batch).await }
+        });
+    }
     let (p, batch) = (pool.clone(), config.retention_batch);
     spawn_service("retention", config.retention_interval, stop.subscribe(), move || {
         let p = p.clone();

@@ -98,6 +98,8 @@ pub struct Config {
     pub metrics_retention_days: i32,
     /// This broker's name in shared tables (metrics samples).
     pub server_id: String,
+    /// Idle time after which an emptied partition is removed (None = never).
+    pub partition_cleanup: Option<Duration>,
     /// The push spool's directory and how often it is replayed.
     pub file_buffer_dir: PathBuf,
     pub file_buffer_flush: Duration,
@@ -237,6 +239,12 @@ impl Config {
             metrics_flush: ms(&["METRICS_FLUSH_MS"], 60_000, 100)?,
             metrics_retention_days: env.parse(&["METRICS_RETENTION_DAYS"], 90i32, "a number of days of at least 1", |v| *v >= 1)?,
             server_id: env.string(&["QUEEN_SERVER_ID", "HOSTNAME"], &format!("queen-{}", std::process::id())),
+            partition_cleanup: if env.boolean(&["QUEEN_PARTITION_CLEANUP_ENABLED"], true)? {
+                let days: f64 = env.parse(&["PARTITION_CLEANUP_DAYS"], 30.0, "a number of days above 0", |d: &f64| *d > 0.0 && d.is_finite())?;
+                Some(Duration::from_secs_f64(days * 86_400.0))
+            } else {
+                None
+            },
             file_buffer_dir: PathBuf::from(env.string(&["FILE_BUFFER_DIR"], "/var/lib/queen/buffers")),
             file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
         })
@@ -280,6 +288,8 @@ impl Config {
         ("METRICS_FLUSH_MS", "60000", "ms between analytics samples"),
         ("METRICS_RETENTION_DAYS", "90", "days analytics samples are kept"),
         ("QUEEN_SERVER_ID (or HOSTNAME)", "queen-<pid>", "this broker's name in analytics samples"),
+        ("PARTITION_CLEANUP_DAYS", "30", "days an emptied partition stays unwritten before it is removed (fractions allowed)"),
+        ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage"),
         ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
     ];

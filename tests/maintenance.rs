@@ -120,3 +120,21 @@ async fn status_routes_report_real_figures() {
     assert_eq!(pushed, 4);
     assert_eq!(b.get("/api/v1/status/analytics?interval=fortnight").await.0, 400);
 }
+
+#[tokio::test]
+async fn a_partition_emptied_by_retention_is_removed_after_the_idle_time() {
+    let b = Broker::start_with(&[("RETENTION_INTERVAL", "300"), ("PARTITION_CLEANUP_DAYS", "0.00002")]).await;
+    b.push_to("emp", "gone", &[json!(1)]).await;
+    b.push_to("emp", "busy", &[json!(2)]).await;
+    b.pop("/api/v1/pop/queue/emp/partition/gone?consumerGroup=g").await;
+    b.post("/api/v1/configure", json!({"queue": "emp", "options": {"retentionSeconds": 1}})).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    b.push_to("emp", "busy", &[json!(3)]).await; // keeps a segment young
+    eventually("the emptied partition to go", Duration::from_secs(8), || async {
+        b.push_to("emp", "busy", &[json!("fresh")]).await; // written all along: stays
+        count(&b, "SELECT count(*) FROM queen.partitions WHERE name = 'gone'").await == 0
+    })
+    .await;
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.consumers").await, 0, "its cursors went with it");
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.partitions WHERE name = 'busy'").await, 1);
+}

@@ -1,10 +1,11 @@
 //! Background services, one file each: retention, the dedup-window purge of
-//! the transaction index, and the metrics sampler. Each runs on its own
+//! the transaction index, empty-partition cleanup, and the metrics sampler. Each runs on its own
 //! cadence until the shutdown signal, does bounded work per tick, and treats
 //! a failed tick as a skipped one (the next tick retries).
 
 pub mod dedup_purge;
 pub mod metrics_sampler;
+pub mod partition_cleanup;
 pub mod retention;
 
 use std::future::Future;
