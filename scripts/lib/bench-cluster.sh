@@ -5,19 +5,15 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 bash scripts/ensure-postgres.sh
 cargo build --locked --release --bins -q
-BIN=$(dirname "$(readlink -f "$(command -v initdb 2>/dev/null || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
-DIR=$(mktemp -d /tmp/queen-bench-XXXXXX)
-AS=()
-if [ "$(id -u)" = 0 ]; then chown postgres: "$DIR"; AS=(runuser -u postgres --); fi
-"${AS[@]}" "$BIN/initdb" -D "$DIR/pgdata" -U postgres -A trust -E UTF8 --locale=C >/dev/null
-"${AS[@]}" "$BIN/pg_ctl" start -D "$DIR/pgdata" -w -s -l "$DIR/pg.log" \
-    -o "-c listen_addresses='' -k $DIR -p 5499 -c max_connections=300 -c TimeZone=UTC"
+source scripts/lib/pg-cluster.sh
+start_pg_cluster 5499
+BIN=$PG_BIN
+DIR=$PG_DIR
 BROKER_PID=
 BROKER_URL=http://127.0.0.1:6690
 bench_cleanup() {
     if [ -n "$BROKER_PID" ]; then kill "$BROKER_PID" 2>/dev/null || true; wait "$BROKER_PID" 2>/dev/null || true; fi
-    "${AS[@]}" "$BIN/pg_ctl" stop -D "$DIR/pgdata" -m fast -s || true
-    rm -rf "$DIR"
+    stop_pg_cluster
 }
 trap bench_cleanup EXIT
 PSQL=("$BIN/psql" -q -h "$DIR" -p 5499 -U postgres -d postgres)

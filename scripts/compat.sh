@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The conformance suite: the official Python client queen-mq 2.6.0, unmodified,
+# against this broker (tests/compat). Starts a private PostgreSQL cluster;
+# every test gets its own database and its own broker process.
+# Extra arguments go to pytest (e.g. -k leases).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/ensure-postgres.sh
+if ! python3 -m venv --help >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    else
+        echo "python3 with the venv module is needed (apt-get install python3-venv)" >&2; exit 1
+    fi
+fi
+cargo build --locked --bin queen -q
+VENV=target/compat-venv
+if [ ! -x "$VENV/bin/pytest" ] || ! cmp -s tests/compat/requirements.txt "$VENV/requirements.txt"; then
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r tests/compat/requirements.txt
+    cp tests/compat/requirements.txt "$VENV/requirements.txt"
+fi
+source scripts/lib/pg-cluster.sh
+start_pg_cluster 5432 "-c fsync=off -c synchronous_commit=off"
+trap stop_pg_cluster EXIT
+QUEEN_COMPAT_PG_DIR=$PG_DIR QUEEN_COMPAT_PG_PORT=$PG_PORT QUEEN_BIN=$PWD/target/debug/queen \
+    QUEEN_COMPAT_PSQL=$PG_BIN/psql "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/compat "$@"
