@@ -82,7 +82,8 @@ CREATE FUNCTION queen.pop_claim_v1(
     p_intent_mode    text,
     p_intent_from    timestamptz)
 RETURNS TABLE (o_kind text, o_base_offset bigint, o_start_idx integer, o_take integer,
-               o_created_at timestamptz, o_blob bytea, o_first bigint, o_last bigint, o_attempt integer)
+               o_created_at timestamptz, o_blob bytea, o_first bigint, o_last bigint, o_attempt integer,
+               o_msg_count integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now        timestamptz := clock_timestamp();
@@ -158,6 +159,7 @@ BEGIN
                 o_kind := 'segment'; o_base_offset := rec.base_offset;
                 o_start_idx := (v_wanted - rec.base_offset)::integer; o_take := v_take;
                 o_created_at := rec.created_at; o_blob := rec.blob;
+                o_msg_count := (rec.end_offset - rec.base_offset + 1)::integer;
                 RETURN NEXT;
                 v_first := v_wanted; v_end := v_wanted + v_take - 1; v_left := v_left - v_take;
             END IF;
@@ -176,7 +178,7 @@ BEGIN
                 END IF;
                 v_take := LEAST(rec.msg_count, v_left);
                 o_kind := 'segment'; o_base_offset := rec.base_offset; o_start_idx := 0; o_take := v_take;
-                o_created_at := rec.created_at; o_blob := rec.blob;
+                o_created_at := rec.created_at; o_blob := rec.blob; o_msg_count := rec.msg_count;
                 RETURN NEXT;
                 v_first := COALESCE(v_first, rec.base_offset);
                 v_end := rec.base_offset + v_take - 1;
@@ -224,7 +226,8 @@ BEGIN
         RETURNING c.attempt_count INTO v_attempt;
     END IF;
     o_kind := 'claimed'; o_base_offset := NULL; o_start_idx := NULL; o_take := NULL;
-    o_created_at := NULL; o_blob := NULL; o_first := v_first; o_last := v_end; o_attempt := v_attempt;
+    o_created_at := NULL; o_blob := NULL; o_msg_count := NULL;
+    o_first := v_first; o_last := v_end; o_attempt := v_attempt;
     RETURN NEXT;
 END
 $$;
@@ -234,7 +237,7 @@ $$;
 CREATE TYPE queen.pop_row AS (
     o_partition_id bigint, o_partition text, o_queue text, o_kind text,
     o_base_offset bigint, o_start_idx integer, o_take integer, o_created_at timestamptz,
-    o_blob bytea, o_first bigint, o_last bigint, o_attempt integer);
+    o_blob bytea, o_first bigint, o_last bigint, o_attempt integer, o_msg_count integer);
 
 -- The loop every route funnels into: claims the candidates in the given
 -- order until the budget is spent or p_max_partitions (0 = no cap) have
@@ -267,7 +270,7 @@ BEGIN
         FOR r IN SELECT * FROM queen.pop_claim_v1(v_pid, p_group, p_worker, p_lease_seconds, p_auto_ack,
                                                    v_left, p_intent_mode, p_intent_from) LOOP
             v_row := (v_pid, v_name, v_queue, r.o_kind, r.o_base_offset, r.o_start_idx, r.o_take,
-                      r.o_created_at, r.o_blob, r.o_first, r.o_last, r.o_attempt);
+                      r.o_created_at, r.o_blob, r.o_first, r.o_last, r.o_attempt, r.o_msg_count);
             RETURN NEXT v_row;
             IF r.o_kind = 'claimed' THEN
                 v_claimed := v_claimed + 1;

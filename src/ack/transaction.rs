@@ -107,20 +107,33 @@ fn parse_ops<'a>(ops: &[&'a RawValue]) -> Result<Vec<Op<'a>>, TxnError> {
 }
 
 /// Runs one bundle. `Ok` carries the 200 answer (successful or rolled back).
+/// `body` is the JSON bundle (or a `QTB1` head); `binary_pushes` are a
+/// `QTB1` body's pushed items, which run after the head's operations, as the
+/// answer order of API.md §3.3 has them. `counts_only` answers `pushed`,
+/// `duplicate` and `acked` instead of per-operation results.
 pub async fn run(
     pool: &deadpool_postgres::Pool,
     acks: &AckService,
     zstd_level: i32,
     body: &str,
+    binary_pushes: &[PushItem<'_>],
+    counts_only: bool,
 ) -> Result<Committed, TxnError> {
     let parsed: Body<'_> =
         serde_json::from_str(body).map_err(|e| TxnError::BadRequest(format!("bad body: {e}")))?;
-    let ops = parsed.operations.ok_or_else(|| TxnError::BadRequest("transaction requires an operations array".into()))?;
+    let ops = match parsed.operations {
+        Some(ops) => ops,
+        None if !binary_pushes.is_empty() => Vec::new(),
+        None => return Err(TxnError::BadRequest("transaction requires an operations array".into())),
+    };
     let rider = |r: Option<&RawValue>| r.is_some_and(|r| !matches!(r.get().trim(), "null" | "[]"));
     if rider(parsed.kv) || rider(parsed.timers) {
         return Err(TxnError::RidersDisabled);
     }
-    let ops = parse_ops(&ops)?;
+    let mut ops = parse_ops(&ops)?;
+    if !binary_pushes.is_empty() {
+        ops.push(Op::Push(binary_pushes.to_vec()));
+    }
     let required = parsed.required_leases.unwrap_or_default();
     let any_lease = !required.is_empty() || ops.iter().any(|o| matches!(o, Op::Ack(_, true)));
     let transaction_id = Uuid::now_v7().to_string();
@@ -197,8 +210,17 @@ pub async fn run(
         }
     }
     tx.commit().await?;
+    let answer = if counts_only {
+        let count = |kind: &str, dup: bool| {
+            results.iter().filter(|r| r["type"] == kind && (r.get("duplicate").is_some() == dup || kind == "ack")).count()
+        };
+        json!({"transactionId": transaction_id, "success": true, "pushed": count("push", false),
+               "duplicate": count("push", true), "acked": count("ack", false), "results": []})
+    } else {
+        json!({"transactionId": transaction_id, "success": true, "results": results})
+    };
     Ok(Committed {
-        answer: json!({"transactionId": transaction_id, "success": true, "results": results}),
+        answer,
         pushed,
         released,
     })

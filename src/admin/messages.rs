@@ -259,6 +259,7 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
         transaction_id: Some(replay_txn.clone()),
         trace_id: row.get(5),
         payload: &payload,
+        message_id: None,
     };
     let results = push_items(coalescer, std::slice::from_ref(&item))
         .await

@@ -135,8 +135,7 @@ pub async fn extend_lease(
                    "newExpiresAt": at, "expiresAt": at, "lease_expires_at": at})))
 }
 
-/// `POST /api/v1/transaction`: the JSON form (binary `QTB1` bodies are
-/// recognized by their magic and refused until the binary formats land).
+/// `POST /api/v1/transaction`: the JSON form, or a binary `QTB1` body.
 pub async fn transaction(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<axum::response::Response, ApiError> {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
@@ -146,11 +145,24 @@ pub async fn transaction(State(state): State<AppState>, headers: HeaderMap, body
         (status, Json(json!({"transactionId": uuid::Uuid::now_v7().to_string(), "success": false, "error": error, "results": []})))
             .into_response()
     };
-    if bytes.starts_with(b"QTB1") {
-        return Ok(refused(StatusCode::BAD_REQUEST, "binary transaction bodies (QTB1) are not supported yet; send JSON".into()));
-    }
-    let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
-    match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, text).await {
+    // Dispatched on the magic, not the content type (API.md §6 A-12).
+    let parsed;
+    let binary_items;
+    let (text, pushes, counts_only) = if bytes.starts_with(b"QTB1") {
+        parsed = match crate::log::binary::parse_transaction(&bytes, state.config.max_body_bytes) {
+            Ok(p) => p,
+            Err(e) => return Ok(refused(StatusCode::BAD_REQUEST, e.to_string())),
+        };
+        binary_items = match crate::push::validate::from_binary(&parsed.items) {
+            Ok(items) => items,
+            Err(e) => return Ok(refused(StatusCode::BAD_REQUEST, e)),
+        };
+        (parsed.head.as_str(), binary_items.as_slice(), parsed.counts_only)
+    } else {
+        let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
+        (text, &[][..], false)
+    };
+    match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, text, pushes, counts_only).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
                 state.committed_push(queue, *pid, partition, *n);

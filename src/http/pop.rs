@@ -18,7 +18,8 @@ fn query_pairs(raw: Option<String>) -> Result<Vec<(String, String)>, ApiError> {
 async fn serve(state: &AppState, route: Route, pairs: &[(String, String)]) -> Result<Response, ApiError> {
     let params = PopParams::parse(pairs, state.pop.config()).map_err(ApiError::BadRequest)?;
     match state.pop.pop(&route, &params).await {
-        Ok(Some(body)) => Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response()),
+        Ok(Some((body, false))) => Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response()),
+        Ok(Some((body, true))) => Ok(([(header::CONTENT_TYPE, "application/x-queen-pop")], body).into_response()),
         Ok(None) => Ok(StatusCode::NO_CONTENT.into_response()),
         // A stored-procedure error answers a bare 204, as the seed says; the
         // operator still gets the text in the log.

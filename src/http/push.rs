@@ -53,8 +53,20 @@ impl<'a> From<&'a ItemResult> for PushAnswer<'a> {
 
 pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_limited(&headers, body, state.config.max_body_bytes).await?;
+    // Dispatched on the magic, not the content type (API.md §6 A-12).
+    if bytes.starts_with(b"QPB1") {
+        let parsed = crate::log::binary::parse_push(&bytes, state.config.max_body_bytes)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
+        return push_and_answer(&state, &items, parsed.counts_only).await;
+    }
     let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
     let items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
+    push_and_answer(&state, &items, false).await
+}
+
+/// Pushes validated items and answers: one result per item, or the counts.
+async fn push_and_answer(state: &AppState, items: &[push::PushItem<'_>], counts_only: bool) -> Result<Response, ApiError> {
     if items.is_empty() {
         return Ok((StatusCode::CREATED, Json(Vec::<PushAnswer>::new())).into_response());
     }
@@ -62,18 +74,24 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Body)
         // Maintenance, or older spooled pushes still waiting: join the queue
         // behind them so a partition keeps the order pushes were answered in.
         if state.push_maintenance() || spool.has_pending() {
-            return spooled(spool, &items).await;
+            return spooled(spool, items).await;
         }
     }
-    match push::push_items(&state.coalescer, &items).await {
+    match push::push_items(&state.coalescer, items).await {
         Ok(results) => {
-            notify_consumers(&state, &results);
+            notify_consumers(state, &results);
+            if counts_only {
+                let queued = results.iter().filter(|r| matches!(r.outcome, Outcome::Queued { .. })).count();
+                let answer = serde_json::json!({"count": results.len(), "queued": queued,
+                                                "duplicate": results.len() - queued, "error": 0});
+                return Ok((StatusCode::CREATED, Json(answer)).into_response());
+            }
             let answer: Vec<PushAnswer> = results.iter().map(PushAnswer::from).collect();
             Ok((StatusCode::CREATED, Json(answer)).into_response())
         }
         Err(e) if e.database_unreachable() && state.spool.is_some() => {
             tracing::warn!(error = %e, "PostgreSQL unreachable; spooling the push");
-            spooled(state.spool.as_ref().expect("checked above"), &items).await
+            spooled(state.spool.as_ref().expect("checked above"), items).await
         }
         Err(e) => Err(ApiError::from(&*e)),
     }

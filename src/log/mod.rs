@@ -5,6 +5,7 @@
 //! isolation (unit tests and property tests). Everything is little-endian, as
 //! API.md §3 lays it out.
 
+pub mod binary;
 pub mod frame;
 pub mod segment;
 

@@ -18,6 +18,8 @@ pub struct SegmentSlice {
     pub base_offset: i64,
     pub start_idx: usize,
     pub take: usize,
+    /// Frames in the whole stored segment.
+    pub msg_count: usize,
     pub created_at: DateTime<Utc>,
     pub blob: Vec<u8>,
 }
@@ -156,6 +158,7 @@ fn assemble(rows: Vec<Row>) -> ClaimResult {
                     base_offset: row.get("o_base_offset"),
                     start_idx: row.get::<_, i32>("o_start_idx") as usize,
                     take: row.get::<_, i32>("o_take") as usize,
+                    msg_count: row.get::<_, i32>("o_msg_count") as usize,
                     created_at: row.get("o_created_at"),
                     blob: row.get("o_blob"),
                 });

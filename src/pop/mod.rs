@@ -121,8 +121,9 @@ impl PopService {
         self.wake.pushed(queue);
     }
 
-    /// Serves one pop request: `Ok(None)` means answer 204.
-    pub async fn pop(&self, route: &Route, p: &PopParams) -> Result<Option<Vec<u8>>, PopError> {
+    /// Serves one pop request: `Ok(None)` means answer 204; the bool says
+    /// whether the body is `QPF1` frames rather than JSON.
+    pub async fn pop(&self, route: &Route, p: &PopParams) -> Result<Option<(Vec<u8>, bool)>, PopError> {
         if self.maintenance() {
             return Ok(None);
         }
@@ -156,12 +157,19 @@ impl PopService {
             tokio::pin!(woken);
             woken.as_mut().enable();
             let result = self.attempt(route, p, &lease_id).await?;
-            if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p)? {
+            if p.frames {
+                // Frames skip decoding entirely, so the ack registry has
+                // nothing to learn: acks resolve through the index.
+                if let Some(body) = render::render_frames(&result.claimed, top_queue, &lease_id, p) {
+                    self.count_delivery(&result);
+                    return Ok(Some((body, true)));
+                }
+            } else if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p)? {
                 for (pid, batch) in rendered.batches {
                     self.registry.record(&lease_id, pid, batch);
                 }
                 self.count_delivery(&result);
-                return Ok(Some(rendered.body));
+                return Ok(Some((rendered.body, false)));
             }
             let now = Instant::now();
             if now >= deadline || self.maintenance() || *closing.borrow() {

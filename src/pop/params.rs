@@ -43,6 +43,8 @@ pub struct PopParams {
     pub intent_from: Option<DateTime<Utc>>,
     /// The client let the broker choose `batch`/`partitions`.
     pub autopilot: bool,
+    /// Answer as `QPF1` frames (API.md §3.4).
+    pub frames: bool,
 }
 
 impl PopParams {
@@ -94,7 +96,7 @@ impl PopParams {
                 };
             }
         }
-        boolean("frames")?;
+        let frames = boolean("frames")?.unwrap_or(false);
         boolean("conflation")?;
         Ok(PopParams {
             batch,
@@ -107,6 +109,7 @@ impl PopParams {
             intent_mode,
             intent_from,
             autopilot: boolean("autopilot")?.unwrap_or(false),
+            frames,
         })
     }
 

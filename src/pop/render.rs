@@ -22,6 +22,36 @@ pub struct CorruptSegment {
     pub detail: String,
 }
 
+/// Keys the answer carries besides the messages (the autopilot echo).
+fn own_keys(p: &PopParams) -> Option<String> {
+    p.autopilot.then(|| format!("{{\"autopilot\":{{\"partitions\":{},\"batch\":{},\"waitMs\":0}}}}", p.partitions, p.batch))
+}
+
+/// The `QPF1` answer: stored segments shipped as they are, the client slices
+/// each claim's span out of them. No decompression here at all.
+pub fn render_frames(claimed: &[ClaimedPartition], top_queue: &str, lease_id: &str, p: &PopParams) -> Option<Vec<u8>> {
+    if claimed.is_empty() {
+        return None;
+    }
+    let claims: Vec<crate::log::binary::FramedClaim<'_>> = claimed
+        .iter()
+        .map(|c| crate::log::binary::FramedClaim {
+            partition_id: c.partition_id as u64,
+            partition: &c.partition,
+            start: c.first as u64,
+            end: c.last as u64,
+            delivery_attempt: c.attempt.max(1) as u32,
+            records: c
+                .segments
+                .iter()
+                .map(|s| (s.base_offset as u64, s.created_at.timestamp_micros(), s.msg_count as u32, s.blob.as_slice()))
+                .collect(),
+        })
+        .collect();
+    let own = own_keys(p);
+    Some(crate::log::binary::encode_pop_frames(top_queue, lease_id, &p.group, own.as_deref(), &claims))
+}
+
 fn json_str(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(&mut *out, s).expect("writing to a Vec does not fail");
 }
@@ -103,9 +133,10 @@ pub fn render(
         }
     }
     write!(out, "],\"partitionsClaimed\":{}", claimed.len()).expect("vec write");
-    if p.autopilot {
-        write!(out, ",\"autopilot\":{{\"partitions\":{},\"batch\":{},\"waitMs\":0}}", p.partitions, p.batch)
-            .expect("vec write");
+    if let Some(own) = own_keys(p) {
+        // Splice the object's members after the last one written.
+        out.push(b',');
+        out.extend_from_slice(&own.as_bytes()[1..own.len() - 1]);
     }
     out.push(b'}');
     Ok(Some(Rendered { body: out, batches }))

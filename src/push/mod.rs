@@ -49,7 +49,7 @@ pub struct PlanGroup {
 
 impl PushPlan {
     pub fn new(items: &[PushItem<'_>]) -> PushPlan {
-        let message_ids: Vec<Uuid> = (0..items.len()).map(|_| Uuid::now_v7()).collect();
+        let message_ids: Vec<Uuid> = items.iter().map(|i| i.message_id.unwrap_or_else(Uuid::now_v7)).collect();
         let txns: Vec<String> = items
             .iter()
             .zip(&message_ids)

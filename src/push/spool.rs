@@ -139,6 +139,7 @@ impl Spool {
                         transaction_id: Some(l.transaction_id.clone()),
                         trace_id: l.trace_id,
                         payload: l.payload.get(),
+                        message_id: None,
                     })
                     .collect();
                 let results = push_items(coalescer, &items).await.map_err(|e: std::sync::Arc<PushError>| SpoolError::Push(e.to_string()))?;

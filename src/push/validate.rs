@@ -25,6 +25,8 @@ pub struct PushItem<'a> {
     pub transaction_id: Option<String>,
     pub trace_id: Option<Uuid>,
     pub payload: &'a str,
+    /// Minted by the client (pre-framed binary pushes); else the broker mints.
+    pub message_id: Option<Uuid>,
 }
 
 #[derive(Deserialize)]
@@ -88,7 +90,32 @@ pub fn parse_item<'a>(index: usize, raw: &'a RawValue) -> Result<PushItem<'a>, S
         Some(t) => Some(Uuid::parse_str(&t).map_err(|_| field("traceId", "must be a UUID"))?),
     };
     let payload = item.payload.or(item.data).map(|p| p.get()).unwrap_or("null");
-    Ok(PushItem { queue, partition, transaction_id, trace_id, payload })
+    Ok(PushItem { queue, partition, transaction_id, trace_id, payload, message_id: None })
+}
+
+/// The items of a binary body, held to the same rules as JSON ones (the
+/// frame already guarantees strings and JSON payloads).
+pub fn from_binary(items: &[crate::log::binary::BinaryItem]) -> Result<Vec<PushItem<'_>>, String> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, b)| {
+            let field = |name: &str, problem: &str| format!("items[{index}].{name}: {problem}");
+            check_name(&b.queue).map_err(|p| field("queue", p))?;
+            check_name(&b.partition).map_err(|p| field("partition", p))?;
+            if b.transaction_id.as_ref().is_some_and(|t| t.len() > MAX_TRANSACTION_ID_BYTES) {
+                return Err(field("transactionId", "longer than 1024 bytes"));
+            }
+            Ok(PushItem {
+                queue: b.queue.clone(),
+                partition: b.partition.clone(),
+                transaction_id: b.transaction_id.clone(),
+                trace_id: b.trace_id,
+                payload: &b.payload,
+                message_id: b.message_id,
+            })
+        })
+        .collect()
 }
 
 /// A field that, when present and not null, must be a JSON string.
