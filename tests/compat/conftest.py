@@ -31,15 +31,17 @@ def psql(db, sql):
 class Broker:
     """One `queen serve` process on its own database."""
 
-    def __init__(self, tmp_path, extra_env=None):
-        self.db = f"compat_{os.getpid()}_{next(_counter)}"
-        psql("postgres", f"CREATE DATABASE {self.db}")
+    def __init__(self, tmp_path, extra_env=None, db=None):
+        self.tmp_path = tmp_path
+        self.db = db or f"compat_{os.getpid()}_{next(_counter)}"
+        if db is None:
+            psql("postgres", f"CREATE DATABASE {self.db}")
         env = dict(os.environ)
         env.pop("PG_HOST", None)
         env.update({
             "QUEEN_DATABASE_URL": f"host={PG_DIR} port={PG_PORT} user=postgres dbname={self.db}",
             "HOST": "127.0.0.1", "PORT": "0", "LOG_LEVEL": "warn,queen=info",
-            "FILE_BUFFER_DIR": str(tmp_path / "spool"),
+            "FILE_BUFFER_DIR": str(tmp_path / f"spool-{next(_counter)}"),
         })
         env.update(extra_env or {})
         self.env = env
@@ -61,6 +63,10 @@ class Broker:
         threading.Thread(target=drain, daemon=True).start()
         if not found.wait(60):
             raise RuntimeError("broker did not start:\n" + "\n".join(self.logs))
+
+    def sibling(self):
+        """A second broker process on the same database."""
+        return Broker(self.tmp_path, db=self.db)
 
     def stop(self):
         self.proc.kill()
