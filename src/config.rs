@@ -70,6 +70,48 @@ pub struct PopConfig {
     pub hotlist_reseed: Duration,
 }
 
+/// JWT authentication (API.md §5.5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthConfig {
+    pub enabled: bool,
+    /// `None` = auto: any algorithm the key material can verify.
+    pub algorithm: Option<jsonwebtoken::Algorithm>,
+    pub secret: Option<String>,
+    /// PEM (RSA or Ed25519 public key).
+    pub public_key: Option<String>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub clock_skew_seconds: u64,
+    pub skip_paths: Vec<String>,
+    pub roles_claim: String,
+    pub roles_array_claim: String,
+    pub role_admin: String,
+    pub role_read_write: String,
+    pub role_read_only: String,
+    pub role_write_only: String,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            enabled: false,
+            algorithm: Some(jsonwebtoken::Algorithm::HS256),
+            secret: None,
+            public_key: None,
+            issuer: None,
+            audience: None,
+            clock_skew_seconds: 30,
+            skip_paths: ["/health", "/metrics/prometheus", "/metrics", "/"].map(String::from).to_vec(),
+            roles_claim: "role".into(),
+            roles_array_claim: "roles".into(),
+            role_admin: "admin".into(),
+            role_read_write: "read-write".into(),
+            role_read_only: "read-only".into(),
+            role_write_only: "write-only".into(),
+        }
+    }
+}
+
 /// The whole configuration of one broker process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -103,6 +145,7 @@ pub struct Config {
     /// The push spool's directory and how often it is replayed.
     pub file_buffer_dir: PathBuf,
     pub file_buffer_flush: Duration,
+    pub auth: AuthConfig,
 }
 
 /// A variable that does not parse.
@@ -154,6 +197,60 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 .ok_or(ConfigError { var, value, expected: "a boolean (true/false, 1/0, yes/no, on/off)" }),
         }
     }
+}
+
+fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig, ConfigError> {
+    use jsonwebtoken::Algorithm::*;
+    let d = AuthConfig::default();
+    let algorithm = match env.get(&["JWT_ALGORITHM"]) {
+        None => d.algorithm,
+        Some((var, value)) => match value.to_ascii_uppercase().as_str() {
+            "HS256" => Some(HS256),
+            "HS384" => Some(HS384),
+            "HS512" => Some(HS512),
+            "RS256" => Some(RS256),
+            "RS384" => Some(RS384),
+            "RS512" => Some(RS512),
+            "EDDSA" => Some(EdDSA),
+            "AUTO" => None,
+            _ => return Err(ConfigError { var, value, expected: "HS256|HS384|HS512|RS256|RS384|RS512|EdDSA|auto" }),
+        },
+    };
+    // PEM in an environment variable often arrives with literal \n.
+    let pem = |v: String| v.replace("\\n", "\n");
+    let cfg = AuthConfig {
+        enabled: env.boolean(&["JWT_ENABLED"], false)?,
+        algorithm,
+        secret: env.get(&["JWT_SECRET"]).map(|(_, v)| v),
+        public_key: env.get(&["JWT_PUBLIC_KEY"]).map(|(_, v)| pem(v)),
+        issuer: env.get(&["JWT_ISSUER"]).map(|(_, v)| v),
+        audience: env.get(&["JWT_AUDIENCE"]).map(|(_, v)| v),
+        clock_skew_seconds: env.parse(&["JWT_CLOCK_SKEW"], 30u64, "a whole number of seconds", |_| true)?,
+        skip_paths: env
+            .get(&["JWT_SKIP_PATHS"])
+            .map(|(_, v)| v.split(',').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect())
+            .unwrap_or(d.skip_paths),
+        roles_claim: env.string(&["JWT_ROLES_CLAIM"], &d.roles_claim),
+        roles_array_claim: env.string(&["JWT_ROLES_ARRAY_CLAIM"], &d.roles_array_claim),
+        role_admin: env.string(&["JWT_ROLE_ADMIN"], &d.role_admin),
+        role_read_write: env.string(&["JWT_ROLE_READ_WRITE"], &d.role_read_write),
+        role_read_only: env.string(&["JWT_ROLE_READ_ONLY"], &d.role_read_only),
+        role_write_only: env.string(&["JWT_ROLE_WRITE_ONLY"], &d.role_write_only),
+    };
+    if cfg.enabled {
+        let hmac = matches!(cfg.algorithm, Some(HS256 | HS384 | HS512));
+        let public = matches!(cfg.algorithm, Some(RS256 | RS384 | RS512 | EdDSA));
+        if hmac && cfg.secret.is_none() {
+            return Err(ConfigError { var: "JWT_SECRET", value: String::new(), expected: "a secret for the HS* algorithm (JWT_ENABLED is on)" });
+        }
+        if public && cfg.public_key.is_none() {
+            return Err(ConfigError { var: "JWT_PUBLIC_KEY", value: String::new(), expected: "a PEM public key for RS*/EdDSA (JWT_ENABLED is on)" });
+        }
+        if cfg.algorithm.is_none() && cfg.secret.is_none() && cfg.public_key.is_none() {
+            return Err(ConfigError { var: "JWT_ALGORITHM", value: "auto".into(), expected: "JWT_SECRET or JWT_PUBLIC_KEY to verify with" });
+        }
+    }
+    Ok(cfg)
 }
 
 /// Booleans accept true/false, 1/0, yes/no, on/off, in any case.
@@ -247,6 +344,7 @@ impl Config {
             },
             file_buffer_dir: PathBuf::from(env.string(&["FILE_BUFFER_DIR"], "/var/lib/queen/buffers")),
             file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
+            auth: auth_config(&env)?,
         })
     }
 
@@ -292,6 +390,17 @@ impl Config {
         ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage"),
         ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
+        ("JWT_ENABLED", "false", "require a JWT on every non-public route"),
+        ("JWT_ALGORITHM", "HS256", "HS256|HS384|HS512|RS256|RS384|RS512|EdDSA|auto"),
+        ("JWT_SECRET", "", "HMAC secret (HS*)"),
+        ("JWT_PUBLIC_KEY", "", "PEM public key (RS*, EdDSA); \\n escapes allowed"),
+        ("JWT_ISSUER", "", "required iss (empty = any)"),
+        ("JWT_AUDIENCE", "", "required aud (empty = any)"),
+        ("JWT_CLOCK_SKEW", "30", "seconds of leeway on exp/nbf"),
+        ("JWT_SKIP_PATHS", "/health,/metrics/prometheus,/metrics,/", "paths served without a token"),
+        ("JWT_ROLES_CLAIM", "role", "claim holding one role"),
+        ("JWT_ROLES_ARRAY_CLAIM", "roles", "claim holding a list of roles"),
+        ("JWT_ROLE_ADMIN", "admin", "role name of the admin level (also JWT_ROLE_READ_WRITE, _READ_ONLY, _WRITE_ONLY)"),
     ];
 
     /// The variable table as text, for `--help`.
@@ -384,6 +493,17 @@ mod tests {
         assert_eq!(e.var, "QUEEN_LOG_JSON");
         let e = parse(&[("DB_STATEMENT_TIMEOUT", "-5")]).unwrap_err();
         assert_eq!(e.var, "DB_STATEMENT_TIMEOUT");
+    }
+
+    #[test]
+    fn jwt_needs_key_material_for_its_algorithm() {
+        assert_eq!(parse(&[("JWT_ENABLED", "true")]).unwrap_err().var, "JWT_SECRET");
+        assert_eq!(parse(&[("JWT_ENABLED", "true"), ("JWT_ALGORITHM", "RS256")]).unwrap_err().var, "JWT_PUBLIC_KEY");
+        assert_eq!(parse(&[("JWT_ENABLED", "1"), ("JWT_ALGORITHM", "auto")]).unwrap_err().var, "JWT_ALGORITHM");
+        assert_eq!(parse(&[("JWT_ALGORITHM", "none")]).unwrap_err().var, "JWT_ALGORITHM");
+        let c = parse(&[("JWT_ENABLED", "on"), ("JWT_SECRET", "s"), ("JWT_SKIP_PATHS", "/health, /x")]).unwrap();
+        assert!(c.auth.enabled);
+        assert_eq!(c.auth.skip_paths, ["/health", "/x"]);
     }
 
     #[test]

@@ -118,6 +118,7 @@ pub async fn run(
     body: &str,
     binary_pushes: &[PushItem<'_>],
     counts_only: bool,
+    producer: Option<&str>,
 ) -> Result<Committed, TxnError> {
     let parsed: Body<'_> =
         serde_json::from_str(body).map_err(|e| TxnError::BadRequest(format!("bad body: {e}")))?;
@@ -151,7 +152,7 @@ pub async fn run(
     for op in ops {
         match op {
             Op::Push(items) => {
-                let plan = PushPlan::new(&items);
+                let plan = PushPlan::new(&items, producer);
                 let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
                 for g in &plan.groups {
                     let mut frames = Vec::new();

@@ -238,7 +238,7 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
     let client = pool.get().await?;
     let Some(row) = client
         .query_opt(
-            "SELECT d.id, q.name, p.name, d.consumer_group, d.payload::text, d.trace_id
+            "SELECT d.id, q.name, p.name, d.consumer_group, d.payload::text, d.trace_id, d.producer_sub
              FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id
              JOIN queen.partitions p ON p.id = d.partition_id
              WHERE d.partition_id = $1 AND d.transaction_id = $2 ORDER BY d.id DESC LIMIT 1",
@@ -261,7 +261,9 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
         payload: &payload,
         message_id: None,
     };
-    let results = push_items(coalescer, std::slice::from_ref(&item))
+    // The replay keeps the original producer, not the operator who asked for it.
+    let producer: Option<String> = row.get(6);
+    let results = push_items(coalescer, std::slice::from_ref(&item), producer.as_deref())
         .await
         .map_err(|e| DbError::Config(format!("replay push failed: {e}")))?;
     let r = &results[0];

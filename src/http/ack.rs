@@ -136,7 +136,13 @@ pub async fn extend_lease(
 }
 
 /// `POST /api/v1/transaction`: the JSON form, or a binary `QTB1` body.
-pub async fn transaction(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<axum::response::Response, ApiError> {
+pub async fn transaction(
+    State(state): State<AppState>,
+    principal: Option<axum::Extension<super::auth::Principal>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<axum::response::Response, ApiError> {
+    let producer = principal.and_then(|p| p.0.sub);
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     use crate::ack::transaction::{run, TxnError};
@@ -162,7 +168,7 @@ pub async fn transaction(State(state): State<AppState>, headers: HeaderMap, body
         let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
         (text, &[][..], false)
     };
-    match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, text, pushes, counts_only).await {
+    match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, text, pushes, counts_only, producer.as_deref()).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
                 state.committed_push(queue, *pid, partition, *n);

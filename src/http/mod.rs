@@ -4,6 +4,7 @@
 
 pub mod ack;
 pub mod admin;
+pub mod auth;
 pub mod body;
 pub mod error;
 pub mod health;
@@ -131,6 +132,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::check))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::observe))
         .with_state(state)
 }

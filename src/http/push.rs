@@ -51,22 +51,34 @@ impl<'a> From<&'a ItemResult> for PushAnswer<'a> {
     }
 }
 
-pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn push(
+    State(state): State<AppState>,
+    principal: Option<axum::Extension<super::auth::Principal>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    // The JWT subject, when authentication is on; a body field is never trusted.
+    let producer = principal.and_then(|p| p.0.sub);
     let bytes = read_limited(&headers, body, state.config.max_body_bytes).await?;
     // Dispatched on the magic, not the content type (API.md §6 A-12).
     if bytes.starts_with(b"QPB1") {
         let parsed = crate::log::binary::parse_push(&bytes, state.config.max_body_bytes)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
-        return push_and_answer(&state, &items, parsed.counts_only).await;
+        return push_and_answer(&state, &items, parsed.counts_only, producer.as_deref()).await;
     }
     let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
     let items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
-    push_and_answer(&state, &items, false).await
+    push_and_answer(&state, &items, false, producer.as_deref()).await
 }
 
 /// Pushes validated items and answers: one result per item, or the counts.
-async fn push_and_answer(state: &AppState, items: &[push::PushItem<'_>], counts_only: bool) -> Result<Response, ApiError> {
+async fn push_and_answer(
+    state: &AppState,
+    items: &[push::PushItem<'_>],
+    counts_only: bool,
+    producer: Option<&str>,
+) -> Result<Response, ApiError> {
     if items.is_empty() {
         return Ok((StatusCode::CREATED, Json(Vec::<PushAnswer>::new())).into_response());
     }
@@ -74,10 +86,10 @@ async fn push_and_answer(state: &AppState, items: &[push::PushItem<'_>], counts_
         // Maintenance, or older spooled pushes still waiting: join the queue
         // behind them so a partition keeps the order pushes were answered in.
         if state.push_maintenance() || spool.has_pending() {
-            return spooled(spool, items).await;
+            return spooled(spool, items, producer).await;
         }
     }
-    match push::push_items(&state.coalescer, items).await {
+    match push::push_items(&state.coalescer, items, producer).await {
         Ok(results) => {
             notify_consumers(state, &results);
             if counts_only {
@@ -91,7 +103,7 @@ async fn push_and_answer(state: &AppState, items: &[push::PushItem<'_>], counts_
         }
         Err(e) if e.database_unreachable() && state.spool.is_some() => {
             tracing::warn!(error = %e, "PostgreSQL unreachable; spooling the push");
-            spooled(state.spool.as_ref().expect("checked above"), items).await
+            spooled(state.spool.as_ref().expect("checked above"), items, producer).await
         }
         Err(e) => Err(ApiError::from(&*e)),
     }
@@ -99,8 +111,12 @@ async fn push_and_answer(state: &AppState, items: &[push::PushItem<'_>], counts_
 
 /// Spools the request and answers `buffered` per item (201: the data is on
 /// disk, fsynced, and will be replayed in order).
-async fn spooled(spool: &crate::push::spool::Spool, items: &[crate::push::PushItem<'_>]) -> Result<Response, ApiError> {
-    let txns = spool.append(items).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+async fn spooled(
+    spool: &crate::push::spool::Spool,
+    items: &[crate::push::PushItem<'_>],
+    producer: Option<&str>,
+) -> Result<Response, ApiError> {
+    let txns = spool.append(items, producer).await.map_err(|e| ApiError::Internal(e.to_string()))?;
     let answer: Vec<serde_json::Value> = items
         .iter()
         .zip(txns)

@@ -37,6 +37,8 @@ pub struct PushPlan {
     pub groups: Vec<PlanGroup>,
     /// (follower item index, leader item index)
     pub followers: Vec<(usize, usize)>,
+    /// The authenticated producer (the JWT `sub`), stamped on every frame.
+    pub producer: Option<String>,
 }
 
 /// The items of one partition that will be written.
@@ -48,7 +50,7 @@ pub struct PlanGroup {
 }
 
 impl PushPlan {
-    pub fn new(items: &[PushItem<'_>]) -> PushPlan {
+    pub fn new(items: &[PushItem<'_>], producer: Option<&str>) -> PushPlan {
         let message_ids: Vec<Uuid> = items.iter().map(|i| i.message_id.unwrap_or_else(Uuid::now_v7)).collect();
         let txns: Vec<String> = items
             .iter()
@@ -72,7 +74,7 @@ impl PushPlan {
                 }
             }
         }
-        PushPlan { message_ids, txns, groups, followers }
+        PushPlan { message_ids, txns, groups, followers, producer: producer.map(str::to_string) }
     }
 
     /// The stored frame of item `idx`.
@@ -81,7 +83,7 @@ impl PushPlan {
             message_id: self.message_ids[idx],
             trace_id: items[idx].trace_id,
             transaction_id: &self.txns[idx],
-            producer_sub: None,
+            producer_sub: self.producer.as_deref(),
             encrypted: false,
             payload: items[idx].payload.as_bytes(),
         }
@@ -96,12 +98,17 @@ impl PushPlan {
     }
 }
 
-/// Pushes validated items. Every item is committed (or found to be a
+/// Pushes validated items, stamped with `producer` when the caller is
+/// authenticated. Every item is committed (or found to be a
 /// duplicate) when this returns `Ok`; on `Err` the caller answers 5xx and the
 /// client's retry is made safe by deduplication.
-pub async fn push_items(coalescer: &Coalescer, items: &[PushItem<'_>]) -> Result<Vec<ItemResult>, Arc<PushError>> {
+pub async fn push_items(
+    coalescer: &Coalescer,
+    items: &[PushItem<'_>],
+    producer: Option<&str>,
+) -> Result<Vec<ItemResult>, Arc<PushError>> {
     let n = items.len();
-    let plan = PushPlan::new(items);
+    let plan = PushPlan::new(items, producer);
     let PushPlan { groups, txns, message_ids, .. } = &plan;
 
     // Encode and submit every chunk before awaiting any.

@@ -32,6 +32,8 @@ struct Line<'a> {
     trace_id: Option<Uuid>,
     #[serde(borrow)]
     payload: &'a RawValue,
+    #[serde(rename = "producerSub", default, skip_serializing_if = "Option::is_none")]
+    producer_sub: Option<&'a str>,
 }
 
 /// Why spooling or replaying failed.
@@ -81,7 +83,7 @@ impl Spool {
 
     /// Appends a request's items as one line and fsyncs it. Items without a
     /// transactionId get one now. Returns the transactionIds, in item order.
-    pub async fn append(&self, items: &[PushItem<'_>]) -> Result<Vec<String>, SpoolError> {
+    pub async fn append(&self, items: &[PushItem<'_>], producer: Option<&str>) -> Result<Vec<String>, SpoolError> {
         let txns: Vec<String> =
             items.iter().map(|i| i.transaction_id.clone().unwrap_or_else(|| Uuid::now_v7().to_string())).collect();
         let mut line = Vec::new();
@@ -91,7 +93,14 @@ impl Spool {
                 line.push(b',');
             }
             let payload: &RawValue = serde_json::from_str(item.payload).map_err(|e| SpoolError::Push(e.to_string()))?;
-            let l = Line { queue: &item.queue, partition: &item.partition, transaction_id: txn.clone(), trace_id: item.trace_id, payload };
+            let l = Line {
+                queue: &item.queue,
+                partition: &item.partition,
+                transaction_id: txn.clone(),
+                trace_id: item.trace_id,
+                payload,
+                producer_sub: producer,
+            };
             serde_json::to_writer(&mut line, &l).map_err(|e| SpoolError::Push(e.to_string()))?;
         }
         line.extend_from_slice(b"]\n");
@@ -142,7 +151,9 @@ impl Spool {
                         message_id: None,
                     })
                     .collect();
-                let results = push_items(coalescer, &items).await.map_err(|e: std::sync::Arc<PushError>| SpoolError::Push(e.to_string()))?;
+                // One request per line, so one producer per line.
+                let producer = lines.first().and_then(|l| l.producer_sub);
+                let results = push_items(coalescer, &items, producer).await.map_err(|e: std::sync::Arc<PushError>| SpoolError::Push(e.to_string()))?;
                 replayed += results.len();
                 on_commit(&results);
             }

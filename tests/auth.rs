@@ -1,0 +1,150 @@
+//! Authentication and roles (API.md §1.1, §5.5; issue 8 item 5).
+
+mod common;
+
+use common::{stored_messages, Broker};
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+
+const SECRET: &str = "test-secret-only-for-tests";
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+fn hs256(claims: Value) -> String {
+    encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).unwrap()
+}
+
+fn token(role: &str, sub: &str) -> String {
+    hs256(json!({"sub": sub, "role": role, "exp": now() + 300}))
+}
+
+async fn jwt_broker(extra: &[(&str, &str)]) -> Broker {
+    let mut env = vec![("JWT_ENABLED", "true"), ("JWT_SECRET", SECRET)];
+    env.extend_from_slice(extra);
+    Broker::start_with(&env).await
+}
+
+/// Status of `method path` with an optional token (and a small valid body for POSTs).
+async fn call(b: &Broker, method: &str, path: &str, token: Option<&str>) -> (u16, Value) {
+    let url = format!("{}{}", b.url, path);
+    let mut req = match method {
+        "GET" => b.http.get(url),
+        "DELETE" => b.http.delete(url),
+        _ => b.http.post(url).json(&json!({"items": [{"queue": "authq", "payload": 1}]})),
+    };
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn every_level_against_a_route_of_each_class() {
+    let b = jwt_broker(&[]).await;
+    // (method, path, roles allowed)
+    let routes = [
+        ("POST", "/api/v1/push", vec!["write-only", "read-write", "admin"]),
+        ("GET", "/api/v1/resources/queues", vec!["read-only", "read-write", "admin"]),
+        ("GET", "/api/v1/pop/queue/authq", vec!["read-write", "admin"]),
+        ("POST", "/api/v1/stats/refresh", vec!["admin"]),
+    ];
+    for (method, path, allowed) in &routes {
+        for role in ["read-only", "write-only", "read-write", "admin", "nobody"] {
+            let (status, body) = call(&b, method, path, Some(&token(role, "svc"))).await;
+            if allowed.contains(&role) {
+                assert!(status < 400, "{role} on {method} {path}: {status} {body}");
+            } else {
+                assert_eq!((status, body), (403, json!({"error": "Insufficient permissions"})), "{role} on {method} {path}");
+            }
+        }
+        let (status, body) = call(&b, method, path, None).await;
+        assert_eq!((status, body), (401, json!({"error": "Authentication required"})), "{method} {path}");
+    }
+    // Public routes need nothing.
+    assert_eq!(call(&b, "GET", "/health", None).await.0, 200);
+    assert_eq!(call(&b, "GET", "/metrics", None).await.0, 200);
+    // Roles may also come as an array, and a raw token without "Bearer " works.
+    let t = hs256(json!({"sub": "x", "roles": ["read-only", "write-only"], "exp": now() + 60}));
+    let r = b.http.get(format!("{}/api/v1/resources/queues", b.url)).header("authorization", t).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
+
+#[tokio::test]
+async fn expired_tampered_and_foreign_tokens_are_refused() {
+    let b = jwt_broker(&[("JWT_ISSUER", "queen-tests"), ("JWT_AUDIENCE", "brokers"), ("JWT_CLOCK_SKEW", "5")]).await;
+    let good = json!({"sub": "s", "role": "admin", "iss": "queen-tests", "aud": "brokers", "exp": now() + 60});
+    assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&hs256(good.clone()))).await.0, 200);
+    let mut expired = good.clone();
+    expired["exp"] = json!(now() - 60);
+    assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&hs256(expired))).await, (401, json!({"error": "Token expired"})));
+    let mut within_skew = good.clone();
+    within_skew["exp"] = json!(now() - 2);
+    assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&hs256(within_skew))).await.0, 200, "clock skew");
+    let mut tampered = hs256(good.clone());
+    tampered.pop();
+    tampered.push(if tampered.ends_with('A') { 'B' } else { 'A' });
+    let (status, body) = call(&b, "GET", "/api/v1/resources/queues", Some(&tampered)).await;
+    assert_eq!(status, 401);
+    assert!(body["error"].as_str().unwrap().starts_with("Invalid token"), "{body}");
+    let mut wrong_issuer = good.clone();
+    wrong_issuer["iss"] = json!("elsewhere");
+    assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&hs256(wrong_issuer))).await, (401, json!({"error": "Invalid token issuer"})));
+    let mut wrong_audience = good;
+    wrong_audience["aud"] = json!("others");
+    assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&hs256(wrong_audience))).await, (401, json!({"error": "Invalid token audience"})));
+    let foreign = encode(&Header::new(Algorithm::HS256), &json!({"role": "admin", "exp": now() + 60}), &EncodingKey::from_secret(b"other")).unwrap();
+    assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&foreign)).await.1, json!({"error": "Invalid token signature"}));
+}
+
+#[tokio::test]
+async fn rs256_and_eddsa_tokens_verify_against_the_public_key() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt/");
+    for (alg, private, public, name) in [
+        (Algorithm::RS256, "rsa_private.pem", "rsa_public.pem", "RS256"),
+        (Algorithm::EdDSA, "ed25519_private.pem", "ed25519_public.pem", "EdDSA"),
+    ] {
+        let public_pem = std::fs::read_to_string(format!("{dir}{public}")).unwrap();
+        let private_pem = std::fs::read(format!("{dir}{private}")).unwrap();
+        let b = Broker::start_with(&[("JWT_ENABLED", "true"), ("JWT_ALGORITHM", name), ("JWT_PUBLIC_KEY", &public_pem)]).await;
+        let key = match alg {
+            Algorithm::RS256 => EncodingKey::from_rsa_pem(&private_pem).unwrap(),
+            _ => EncodingKey::from_ed_pem(&private_pem).unwrap(),
+        };
+        let t = encode(&Header::new(alg), &json!({"sub": "k", "role": "read-only", "exp": now() + 60}), &key).unwrap();
+        assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&t)).await.0, 200, "{name}");
+        assert_eq!(call(&b, "GET", "/api/v1/resources/queues", Some(&token("admin", "x"))).await.0, 401, "{name}: an HS256 token is refused");
+    }
+}
+
+#[tokio::test]
+async fn the_token_subject_is_stamped_as_producer_sub_and_a_client_value_ignored() {
+    let b = jwt_broker(&[]).await;
+    let t = token("write-only", "billing-service");
+    let r = b
+        .http
+        .post(format!("{}/api/v1/push", b.url))
+        .header("authorization", format!("Bearer {t}"))
+        .json(&json!({"items": [{"queue": "stamped", "payload": 1, "producerSub": "someone-else"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let stored = stored_messages(&b.sql().await, "stamped", "Default").await;
+    assert_eq!(stored.len(), 1);
+    let admin = token("admin", "ops");
+    let popped: Value = b
+        .http
+        .get(format!("{}/api/v1/pop/queue/stamped", b.url))
+        .header("authorization", format!("Bearer {admin}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(popped["messages"][0]["producerSub"], "billing-service");
+}
