@@ -140,9 +140,12 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         }
     };
     let flush_every = config.file_buffer_flush;
+    let config_limits = config.limits.clone();
+    crate::http::body::set_body_timeout(config.limits.body_timeout);
     let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global(), spool,
-        push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)) };
+        push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)) };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
@@ -153,7 +156,11 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
             pop.close();
         }
     };
-    axum::serve(listener, router(state)).with_graceful_shutdown(signal).await.map_err(BootError::Serve)?;
+    let connection_limits = crate::http::server::ConnectionLimits {
+        max_connections: config_limits.max_connections,
+        header_timeout: config_limits.header_timeout,
+    };
+    crate::http::server::serve(listener, router(state), connection_limits, signal).await;
     tracing::info!("HTTP server stopped; flushing pending writes");
     coalescer.drain(Duration::from_secs(30)).await;
     let _ = stop_services.send(());

@@ -112,6 +112,18 @@ impl Default for AuthConfig {
     }
 }
 
+/// Limits that protect the broker from abuse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_inflight_push: usize,
+    pub max_inflight_pop: usize,
+    pub max_inflight_ack: usize,
+    pub max_inflight_admin: usize,
+}
+
 /// The whole configuration of one broker process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -146,6 +158,7 @@ pub struct Config {
     pub file_buffer_dir: PathBuf,
     pub file_buffer_flush: Duration,
     pub auth: AuthConfig,
+    pub limits: Limits,
 }
 
 /// A variable that does not parse.
@@ -345,6 +358,15 @@ impl Config {
             file_buffer_dir: PathBuf::from(env.string(&["FILE_BUFFER_DIR"], "/var/lib/queen/buffers")),
             file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
             auth: auth_config(&env)?,
+            limits: Limits {
+                max_connections: env.parse(&["QUEEN_MAX_CONNECTIONS"], 10_000usize, "a connection count of at least 1", |v| *v >= 1)?,
+                header_timeout: ms(&["QUEEN_HEADER_TIMEOUT_MS"], 10_000, 10)?,
+                body_timeout: ms(&["QUEEN_BODY_TIMEOUT_MS"], 30_000, 10)?,
+                max_inflight_push: env.parse(&["QUEEN_MAX_INFLIGHT_PUSH"], 4096usize, "a request count of at least 1", |v| *v >= 1)?,
+                max_inflight_pop: env.parse(&["QUEEN_MAX_INFLIGHT_POP"], 10_000usize, "a request count of at least 1", |v| *v >= 1)?,
+                max_inflight_ack: env.parse(&["QUEEN_MAX_INFLIGHT_ACK"], 4096usize, "a request count of at least 1", |v| *v >= 1)?,
+                max_inflight_admin: env.parse(&["QUEEN_MAX_INFLIGHT_ADMIN"], 256usize, "a request count of at least 1", |v| *v >= 1)?,
+            },
         })
     }
 
@@ -390,6 +412,13 @@ impl Config {
         ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage"),
         ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
+        ("QUEEN_MAX_CONNECTIONS", "10000", "open connections; one over the cap is closed at once"),
+        ("QUEEN_HEADER_TIMEOUT_MS", "10000", "ms a connection has to send a request's headers"),
+        ("QUEEN_BODY_TIMEOUT_MS", "30000", "ms a request has to send its body (408 after)"),
+        ("QUEEN_MAX_INFLIGHT_PUSH", "4096", "in-flight pushes; over it: 503 overloaded"),
+        ("QUEEN_MAX_INFLIGHT_POP", "10000", "in-flight pops, parked long-polls included"),
+        ("QUEEN_MAX_INFLIGHT_ACK", "4096", "in-flight acks, transactions and lease extensions"),
+        ("QUEEN_MAX_INFLIGHT_ADMIN", "256", "in-flight requests of every other /api route"),
         ("JWT_ENABLED", "false", "require a JWT on every non-public route"),
         ("JWT_ALGORITHM", "HS256", "HS256|HS384|HS512|RS256|RS384|RS512|EdDSA|auto"),
         ("JWT_SECRET", "", "HMAC secret (HS*)"),

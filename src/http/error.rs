@@ -14,6 +14,8 @@ pub enum ApiError {
     BadRequest(String),
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    #[error("request body not received within {ms} ms")]
+    BodyTimeout { ms: u64 },
     #[error("{0}")]
     NotFound(String),
     #[error("method not allowed")]
@@ -31,6 +33,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Pool | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -8,11 +8,13 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod limits;
 pub mod messages;
 pub mod metrics;
 pub mod pop;
 pub mod push;
 pub mod query;
+pub mod server;
 pub mod system;
 
 use std::sync::Arc;
@@ -41,6 +43,7 @@ pub struct AppState {
     /// FILE_BUFFER_DIR, so those pushes fail instead).
     pub spool: Option<Arc<crate::push::spool::Spool>>,
     pub push_maintenance: Arc<std::sync::atomic::AtomicBool>,
+    pub inflight: Arc<limits::InFlight>,
 }
 
 impl AppState {
@@ -132,6 +135,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::admit))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::check))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::observe))
         .with_state(state)

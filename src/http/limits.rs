@@ -1,0 +1,64 @@
+//! In-flight request caps per route family (push, pop, ack, admin): a
+//! request over its family's cap answers `503 {"error", "code":"overloaded"}`
+//! with `Retry-After: 1` at once, so one family flooding the broker cannot
+//! starve the others. Health and metrics are never capped.
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use super::AppState;
+
+/// One semaphore per family.
+pub struct InFlight {
+    pub push: Semaphore,
+    pub pop: Semaphore,
+    pub ack: Semaphore,
+    pub admin: Semaphore,
+}
+
+impl InFlight {
+    pub fn new(l: &crate::config::Limits) -> InFlight {
+        InFlight {
+            push: Semaphore::new(l.max_inflight_push),
+            pop: Semaphore::new(l.max_inflight_pop),
+            ack: Semaphore::new(l.max_inflight_ack),
+            admin: Semaphore::new(l.max_inflight_admin),
+        }
+    }
+
+    fn family(&self, method: &Method, path: &str) -> Option<(&'static str, &Semaphore)> {
+        if !path.starts_with("/api/") {
+            return None;
+        }
+        Some(if method == Method::POST && path == "/api/v1/push" {
+            ("push", &self.push)
+        } else if path.starts_with("/api/v1/pop") {
+            ("pop", &self.pop)
+        } else if path.starts_with("/api/v1/ack") || path.starts_with("/api/v1/lease/") || path == "/api/v1/transaction" {
+            ("ack", &self.ack)
+        } else {
+            ("admin", &self.admin)
+        })
+    }
+}
+
+pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some((family, gate)) = state.inflight.family(req.method(), req.uri().path()) else {
+        return next.run(req).await;
+    };
+    let Ok(_permit) = gate.try_acquire() else {
+        metrics::counter!("queen_requests_shed_total", "family" => family).increment(1);
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            Json(json!({"error": format!("too many in-flight {family} requests; retry shortly"), "code": "overloaded"})),
+        )
+            .into_response();
+    };
+    next.run(req).await
+}
