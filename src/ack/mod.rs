@@ -87,6 +87,7 @@ pub struct AckOutcome {
 pub struct Released {
     pub lease_id: String,
     pub partition_id: i64,
+    pub queue: Option<String>,
 }
 
 pub const UNRESOLVABLE: &str =
@@ -173,6 +174,7 @@ impl AckService {
                 }
             };
             let mut lease_released = false;
+            let mut queue: Option<String> = None;
             for row in rows {
                 let k = row.get::<_, i32>("o_index") as usize;
                 let i = idxs[k];
@@ -187,6 +189,9 @@ impl AckService {
                     queue: row.get("o_queue"),
                 };
                 lease_released |= o.lease_released;
+                if queue.is_none() {
+                    queue = o.queue.clone();
+                }
                 outcomes[i] = Some(o);
             }
             if lease_released {
@@ -194,7 +199,7 @@ impl AckService {
                 if !lease.is_empty() {
                     self.registry.release(&lease, pid);
                 }
-                released.push(Released { lease_id: lease, partition_id: pid });
+                released.push(Released { lease_id: lease, partition_id: pid, queue });
             }
         }
         Ok((outcomes.into_iter().map(|o| o.expect("every ack has an outcome")).collect(), released))

@@ -42,6 +42,48 @@ enum Scenario {
         #[arg(long)]
         queue: Option<String>,
     },
+    /// Drain a pre-filled backlog: leased pops + ack/batch (or autoAck)
+    Consume {
+        /// Messages pre-filled before the clock starts
+        #[arg(long, default_value_t = 100_000)]
+        messages: usize,
+        /// Partitions of the queue
+        #[arg(long, default_value_t = 10)]
+        partitions: usize,
+        /// Pop budget per call
+        #[arg(long, default_value_t = 500)]
+        batch: usize,
+        /// Partitions one pop may claim
+        #[arg(long, default_value_t = 4)]
+        pop_partitions: usize,
+        /// Concurrent consumers
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        /// Commit inside the pop instead of leasing and acking
+        #[arg(long)]
+        auto_ack: bool,
+        /// Longest run, seconds
+        #[arg(long, default_value_t = 120)]
+        duration: u64,
+        #[arg(long, default_value_t = 100)]
+        payload_size: usize,
+    },
+    /// Producers at a fixed rate and long-poll consumers together: delivery latency
+    E2e {
+        /// Messages per second, all producers together
+        #[arg(long, default_value_t = 5000)]
+        rate: usize,
+        /// Messages per push request
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        #[arg(long, default_value_t = 10)]
+        partitions: usize,
+        /// Concurrent long-poll consumers
+        #[arg(long, default_value_t = 4)]
+        consumers: usize,
+        #[arg(long, default_value_t = 20)]
+        duration: u64,
+    },
     /// Long-poll wake latency: one parked pop, one push, repeated
     Wake {
         /// Number of trials
@@ -63,6 +105,12 @@ async fn main() {
                 .await
         }
         Scenario::Wake { trials, park_ms } => wake(&cli.url, trials, Duration::from_millis(park_ms)).await,
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, duration, payload_size } => {
+            consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), auto_ack, Duration::from_secs(duration), payload_size).await
+        }
+        Scenario::E2e { rate, batch, partitions, consumers, duration } => {
+            e2e(&cli.url, rate.max(1), batch.max(1), partitions.max(1), consumers.max(1), Duration::from_secs(duration)).await
+        }
     }
 }
 
@@ -190,4 +238,141 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
                "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
                "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors})
     );
+}
+
+/// Pushes `messages` into `partitions` partitions of `queue`, 1,000 per request.
+async fn prefill(url: &str, queue: &str, messages: usize, partitions: usize, payload_size: usize) {
+    let payload = "x".repeat(payload_size.saturating_sub(2));
+    let client = reqwest::Client::new();
+    let chunks: Vec<usize> = (0..messages.div_ceil(1000)).collect();
+    let mut tasks = Vec::new();
+    for worker in 0..4 {
+        let (client, url, queue, payload) = (client.clone(), url.to_string(), queue.to_string(), payload.clone());
+        let mine: Vec<usize> = chunks.iter().copied().filter(|c| c % 4 == worker).collect();
+        tasks.push(tokio::spawn(async move {
+            for c in mine {
+                let n = 1000.min(messages - c * 1000);
+                let partition = format!("p{}", c % partitions);
+                let items: Vec<_> = (0..n).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
+                let r = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await;
+                assert!(matches!(r, Ok(ref r) if r.status().as_u16() == 201), "prefill push failed");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("prefill worker");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, auto_ack: bool, limit: Duration, payload_size: usize) {
+    let queue = format!("bench.consume.{}", uuid::Uuid::now_v7().simple());
+    let filled = Instant::now();
+    prefill(url, &queue, messages, partitions, payload_size).await;
+    println!("prefilled {messages} messages in {:.1}s", filled.elapsed().as_secs_f64());
+    let consumed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let deadline = started + limit;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (consumed, url, queue) = (consumed.clone(), url.to_string(), queue.clone());
+        let client = reqwest::Client::new();
+        tasks.push(tokio::spawn(async move {
+            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}");
+            while consumed.load(std::sync::atomic::Ordering::Relaxed) < messages && Instant::now() < deadline {
+                let Ok(r) = client.get(&pop).send().await else { continue };
+                if r.status().as_u16() != 200 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                let body: serde_json::Value = r.json().await.expect("pop answer is JSON");
+                let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+                if !auto_ack {
+                    let acks: Vec<_> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                        "status": "completed", "leaseId": m["leaseId"]})).collect();
+                    let _ = client.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": "bench"})).send().await;
+                }
+                consumed.fetch_add(msgs.len(), std::sync::atomic::Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("consumer");
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let n = consumed.load(std::sync::atomic::Ordering::Relaxed);
+    println!("scenario  messages  partitions  batch  pop-partitions  consumers  mode     seconds  msg/s");
+    println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {:<8} {secs:<8.1} {:.0}",
+             if auto_ack { "autoAck" } else { "leased" }, n as f64 / secs);
+    println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,
+                          "consumers": concurrency, "auto_ack": auto_ack, "seconds": secs, "msg_per_s": n as f64 / secs}));
+}
+
+async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers: usize, duration: Duration) {
+    let queue = format!("bench.e2e.{}", uuid::Uuid::now_v7().simple());
+    let latencies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let epoch = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..consumers {
+        let (latencies, stop, url, queue) = (latencies.clone(), stop.clone(), url.to_string(), queue.clone());
+        let client = reqwest::Client::new();
+        tasks.push(tokio::spawn(async move {
+            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch=500&partitions=4&consumerGroup=e2e&wait=true&timeout=1000");
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(r) = client.get(&pop).send().await else { continue };
+                if r.status().as_u16() != 200 {
+                    continue;
+                }
+                let body: serde_json::Value = r.json().await.expect("pop answer is JSON");
+                let now = epoch.elapsed();
+                let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+                {
+                    let mut l = latencies.lock().expect("latency lock");
+                    for m in &msgs {
+                        let sent = Duration::from_micros(m["data"]["t"].as_u64().unwrap_or(0));
+                        l.push(now.saturating_sub(sent));
+                    }
+                }
+                let acks: Vec<_> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+                    "status": "completed", "leaseId": m["leaseId"]})).collect();
+                let _ = client.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": "e2e"})).send().await;
+            }
+        }));
+    }
+    // One producer loop per partition group, paced to the target rate.
+    let requests_per_s = (rate as f64 / batch as f64).max(0.1);
+    let interval = Duration::from_secs_f64(1.0 / requests_per_s);
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut sent = 0usize;
+    let mut next = Instant::now();
+    let mut inflight = Vec::new();
+    while started.elapsed() < duration {
+        let partition = format!("p{}", (sent / batch) % partitions);
+        let t = epoch.elapsed().as_micros() as u64;
+        let items: Vec<_> = (0..batch).map(|_| json!({"queue": queue, "partition": partition, "payload": {"t": t}})).collect();
+        let (client, url) = (client.clone(), url.to_string());
+        inflight.push(tokio::spawn(async move { client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await.is_ok() }));
+        sent += batch;
+        next += interval;
+        tokio::time::sleep_until(next.into()).await;
+    }
+    for f in inflight {
+        let _ = f.await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut l = latencies.lock().expect("latency lock").clone();
+    l.sort();
+    let secs = duration.as_secs_f64();
+    println!("scenario  target msg/s  delivered  seconds  p50 ms   p90 ms   p99 ms   max ms");
+    println!("e2e       {rate:<13} {:<10} {secs:<8.1} {:<8.2} {:<8.2} {:<8.2} {:<8.2}", l.len(),
+             percentile_ms(&l, 0.5), percentile_ms(&l, 0.9), percentile_ms(&l, 0.99), percentile_ms(&l, 1.0));
+    println!("{}", json!({"scenario": "e2e", "rate": rate, "batch": batch, "partitions": partitions, "consumers": consumers,
+                          "sent": sent, "delivered": l.len(), "seconds": secs,
+                          "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
 }

@@ -61,11 +61,14 @@ fn render(o: &AckOutcome) -> Value {
            "leaseReleased": o.lease_released, "dlq": o.dlq, "noop": o.noop})
 }
 
+/// A released lease may leave messages behind it (the rest of a partly
+/// acked batch, a nacked one, new pushes that piled up meanwhile): wake the
+/// queue's parked long-polls rather than let them wait out their backoff.
 fn wake_after(state: &AppState, released: &[Released]) {
-    // A released lease may leave messages to redeliver: re-offer the
-    // partition to local rings' long-polls on their next re-check.
-    if !released.is_empty() {
-        state.pop.wake.tick();
+    for r in released {
+        if let Some(q) = &r.queue {
+            state.pop.wake.pushed(q);
+        }
     }
 }
 
