@@ -227,17 +227,8 @@ pub async fn status_queue(State(state): State<AppState>, Path(queue): Path<Strin
 }
 
 pub async fn status_queue_messages(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let p = Params::parse(q)?;
-    let filter = crate::admin::messages::MessageFilter {
-        queue: Some(queue),
-        partition: p.text("partition"),
-        status: p.text("status"),
-        from: p.time("from")?,
-        to: p.time("to")?,
-        limit: p.int("limit", 200, 1, 1000)? as usize,
-        offset: p.int("offset", 0, 0, 1_000_000)? as usize,
-        ..Default::default()
-    };
+    let mut filter = super::messages::message_filter(&Params::parse(q)?)?;
+    filter.queue = Some(queue);
     Ok(Json(crate::admin::messages::list(&state.pool, &filter).await?).into_response())
 }
 

@@ -35,9 +35,9 @@ pub async fn list_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
     Ok(Json(dlq::list(&state.pool, &filter).await?).into_response())
 }
 
-pub async fn list_messages(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let p = Params::parse(q)?;
-    let filter = messages::MessageFilter {
+/// The filters of a message listing, from the query string.
+pub fn message_filter(p: &Params) -> Result<messages::MessageFilter, ApiError> {
+    Ok(messages::MessageFilter {
         queue: p.text("queue"),
         partition: p.text("partition"),
         namespace: p.text("namespace").or_else(|| p.text("ns")),
@@ -47,7 +47,11 @@ pub async fn list_messages(State(state): State<AppState>, RawQuery(q): RawQuery)
         to: p.time("to")?,
         limit: p.int("limit", 200, 1, 1000)? as usize,
         offset: p.int("offset", 0, 0, 1_000_000)? as usize,
-    };
+    })
+}
+
+pub async fn list_messages(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let filter = message_filter(&Params::parse(q)?)?;
     Ok(Json(messages::list(&state.pool, &filter).await?).into_response())
 }
 
