@@ -87,7 +87,7 @@ fn is_connection_error(e: &db::DbError) -> bool {
     match e {
         db::DbError::Pool(_) => true,
         db::DbError::Pg(pg) => pg.is_closed() || pg.as_db_error().is_none(),
-        db::DbError::Config(_) => false,
+        db::DbError::Config(_) | db::DbError::Unexpected(_) => false,
     }
 }
 

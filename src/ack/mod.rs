@@ -169,7 +169,7 @@ impl AckService {
                 let wants = rows.first().filter(|r| r.get::<_, i32>("o_index") == -1).map(|r| r.get::<_, i64>("o_committed"));
                 match wants {
                     Some(head) if snapshot.offset != Some(head) => snapshot = self.snapshot(client, pid, head).await?,
-                    Some(_) => return Err(DbError::Config("ack_v1 asked twice for the same snapshot".into())),
+                    Some(_) => return Err(DbError::Unexpected("ack_v1 asked twice for the same snapshot".into())),
                     None => break rows,
                 }
             };

@@ -146,10 +146,10 @@ pub async fn detail(pool: &Pool, pid: i64, txn: &str) -> Result<Option<Value>, D
         )
         .await?;
     let found = find(&client, pid, txn).await?;
+    let cs = cursors(&client, pid).await?;
     let (found, status) = match (found, &dead) {
         (Some(f), Some(_)) => (f, "dead_letter"),
         (Some(f), None) => {
-            let cs = cursors(&client, pid).await?;
             let s = status(&cs, f.offset);
             (f, s)
         }
@@ -168,7 +168,6 @@ pub async fn detail(pool: &Pool, pid: i64, txn: &str) -> Result<Option<Value>, D
         ),
         (None, None) => return Ok(None),
     };
-    let cs = cursors(&client, pid).await?;
     let groups: Vec<Value> = cs
         .iter()
         .map(|c| json!({"name": c.group, "status": group_status(c, found.offset), "committedOffset": c.committed}))
@@ -265,7 +264,7 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
     let producer: Option<String> = row.get(6);
     let results = push_items(coalescer, std::slice::from_ref(&item), producer.as_deref())
         .await
-        .map_err(|e| DbError::Config(format!("replay push failed: {e}")))?;
+        .map_err(|e| DbError::Unexpected(format!("replay push failed: {e}")))?;
     let r = &results[0];
     let (status, offset) = match r.outcome {
         Outcome::Queued { offset, .. } => ("queued", Some(offset)),

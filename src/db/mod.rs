@@ -23,6 +23,10 @@ pub enum DbError {
     Pg(#[from] tokio_postgres::Error),
     #[error("invalid database configuration: {0}")]
     Config(String),
+    /// PostgreSQL answered something the broker's contract with its own
+    /// stored functions rules out (a bug, not an outage).
+    #[error("unexpected answer from PostgreSQL: {0}")]
+    Unexpected(String),
 }
 
 /// Builds the libpq-level configuration for an explicitly configured database

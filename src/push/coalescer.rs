@@ -382,7 +382,7 @@ pub async fn write_segment(
     let blob = compress_frames(frames, zstd_level);
     let stmt = client.prepare_cached(PUSH_SQL).await?;
     let rows = client.query(&stmt, &[&queue, &partition, &hashes, &blob]).await?;
-    let first = rows.first().ok_or_else(|| DbError::Config("push_segment_v1 returned no row".into()))?;
+    let first = rows.first().ok_or_else(|| DbError::Unexpected("push_segment_v1 returned no row".into()))?;
     let window: i32 = first.get("o_window");
     let partition_id: i64 = first.get("o_partition_id");
     if first.get::<_, Option<i32>>("o_dup_index").is_none() {
