@@ -131,6 +131,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     pop.wake.spawn_ticker(stop_services.subscribe());
     pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
     spawn_maintenance(&config, &store.pool, &stop_services);
+    spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());
     let spool = match crate::push::spool::Spool::open(&config.file_buffer_dir) {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
@@ -179,6 +180,25 @@ fn spawn_spool_replayer(state: AppState, every: Duration, mut shutdown: broadcas
         loop {
             tokio::select! {
                 _ = tick.tick() => state.replay_spool().await,
+                _ = shutdown.recv() => return,
+            }
+        }
+    });
+}
+
+/// Closes pooled connections idle longer than `idle`, so a burst does not
+/// leave its connections (and PostgreSQL backends) behind for good.
+fn spawn_pool_reaper(pool: deadpool_postgres::Pool, idle: Duration, mut shutdown: broadcast::Receiver<()>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval((idle / 3).max(Duration::from_millis(100)));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let r = pool.retain(|_, m| m.last_used() < idle);
+                    if !r.removed.is_empty() {
+                        tracing::debug!(closed = r.removed.len(), "closed idle database connections");
+                    }
+                }
                 _ = shutdown.recv() => return,
             }
         }

@@ -133,6 +133,8 @@ pub struct Config {
     pub pool_size: usize,
     /// How long a request waits for a pooled connection before `500 pool`.
     pub pool_wait: Duration,
+    /// Pooled connections unused this long are closed.
+    pub pool_idle: Duration,
     pub statement_timeout: Duration,
     pub max_body_bytes: usize,
     pub apply_schema: bool,
@@ -307,6 +309,7 @@ impl Config {
             database,
             pool_size: env.parse(&["DB_POOL_SIZE"], 160usize, "a pool size of at least 2", |v| *v >= 2)?,
             pool_wait: ms(&["DB_CONNECTION_TIMEOUT"], 2000, 1)?,
+            pool_idle: ms(&["DB_IDLE_TIMEOUT"], 30_000, 100)?,
             statement_timeout: ms(&["QUEEN_STMT_TIMEOUT_MS", "DB_STATEMENT_TIMEOUT"], 30_000, 0)?,
             max_body_bytes: env.parse(&["QUEEN_MAX_BODY_BYTES"], 64 << 20, "a byte count of at least 1024", |v| {
                 *v >= 1024
@@ -384,6 +387,7 @@ impl Config {
         ("QUEEN_DATA_DIR", "./queen-data", "where the embedded cluster keeps its data"),
         ("DB_POOL_SIZE", "160", "most pooled PostgreSQL connections"),
         ("DB_CONNECTION_TIMEOUT", "2000", "ms a request waits for a pooled connection before 500 pool"),
+        ("DB_IDLE_TIMEOUT", "30000", "ms after which an unused pooled connection is closed"),
         ("QUEEN_STMT_TIMEOUT_MS (alias DB_STATEMENT_TIMEOUT)", "30000", "statement timeout in ms (0 = none)"),
         ("QUEEN_MAX_BODY_BYTES", "67108864", "largest request body; larger answers 413"),
         ("QUEEN_APPLY_SCHEMA", "true", "apply pending migrations at boot"),

@@ -84,6 +84,16 @@ enum Scenario {
         #[arg(long, default_value_t = 20)]
         duration: u64,
     },
+    /// N parked long-poll consumers on N queues: broker CPU, RSS and database
+    /// connections while nothing happens (read from the broker's /metrics)
+    Idle {
+        /// Parked consumers (one queue each)
+        #[arg(long, default_value_t = 10_000)]
+        consumers: usize,
+        /// Seconds to measure once all are parked
+        #[arg(long, default_value_t = 30)]
+        duration: u64,
+    },
     /// Long-poll wake latency: one parked pop, one push, repeated
     Wake {
         /// Number of trials
@@ -105,6 +115,7 @@ async fn main() {
                 .await
         }
         Scenario::Wake { trials, park_ms } => wake(&cli.url, trials, Duration::from_millis(park_ms)).await,
+        Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
         Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, duration, payload_size } => {
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), auto_ack, Duration::from_secs(duration), payload_size).await
         }
@@ -375,4 +386,63 @@ async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers:
     println!("{}", json!({"scenario": "e2e", "rate": rate, "batch": batch, "partitions": partitions, "consumers": consumers,
                           "sent": sent, "delivered": l.len(), "seconds": secs,
                           "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
+}
+
+/// The broker's own view of itself: (cpu seconds, rss bytes, open db connections, in use).
+async fn broker_usage(client: &reqwest::Client, url: &str) -> (f64, u64, u64, u64) {
+    let m: serde_json::Value = client.get(format!("{url}/metrics")).send().await.expect("metrics").json().await.expect("metrics JSON");
+    let cpu = m["cpu"]["userSeconds"].as_f64().unwrap_or(0.0) + m["cpu"]["systemSeconds"].as_f64().unwrap_or(0.0);
+    (cpu, m["memory"]["rss"].as_u64().unwrap_or(0), m["database"]["connections"].as_u64().unwrap_or(0), m["database"]["inUse"].as_u64().unwrap_or(0))
+}
+
+async fn idle(url: &str, consumers: usize, duration: Duration) {
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let parked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let client = reqwest::Client::builder().pool_max_idle_per_host(consumers + 16).build().expect("http client");
+    let mut tasks = Vec::new();
+    for i in 0..consumers {
+        let (stop, parked, client, url) = (stop.clone(), parked.clone(), client.clone(), url.to_string());
+        let queue = format!("bench.idle.{run}.{i}");
+        tasks.push(tokio::spawn(async move {
+            // First contact (creates the queue and the ring), then park until
+            // told to stop. Like the real clients, back off a second on 5xx.
+            loop {
+                match client.get(format!("{url}/api/v1/pop/queue/{queue}")).send().await {
+                    Ok(r) if r.status().is_success() => break,
+                    _ => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+            parked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match client.get(format!("{url}/api/v1/pop/queue/{queue}?wait=true&timeout=30000")).send().await {
+                    Ok(r) if r.status().is_success() => {}
+                    _ => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+        }));
+        if i % 500 == 499 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let probe = reqwest::Client::new();
+    while parked.load(std::sync::atomic::Ordering::Relaxed) < consumers {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await; // let the last ones park and reseed
+    let (cpu0, _, _, _) = broker_usage(&probe, url).await;
+    let t0 = Instant::now();
+    tokio::time::sleep(duration).await;
+    let (cpu1, rss, conns, in_use) = broker_usage(&probe, url).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu_percent = (cpu1 - cpu0) / secs * 100.0;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    println!("scenario  parked   seconds  broker cpu %  broker rss MB  db connections  in use");
+    println!("idle      {consumers:<8} {secs:<8.1} {cpu_percent:<13.2} {:<14.1} {conns:<15} {in_use}", rss as f64 / 1048576.0);
+    println!("{}", json!({"scenario": "idle", "parked": consumers, "seconds": secs, "broker_cpu_percent": cpu_percent,
+                          "broker_rss_bytes": rss, "db_connections": conns, "db_in_use": in_use}));
+    // The parked pops end with their 30 s timeout; do not wait for them.
+    for t in tasks {
+        t.abort();
+    }
 }

@@ -85,6 +85,15 @@ impl HotList {
         .unwrap_or(Plan::NoRing)
     }
 
+    /// Time until the ring's next reseed (zero when due or unknown).
+    pub fn until_reseed(&self, queue: &str, group: &str) -> Duration {
+        self.with_ring(queue, group, |r| match r.last_reseed {
+            Some(t) => self.reseed_every.saturating_sub(t.elapsed()),
+            None => Duration::ZERO,
+        })
+        .unwrap_or(Duration::ZERO)
+    }
+
     /// Creates the ring after the first SQL pop; its first reseed is due now.
     pub fn create(&self, queue: &str, group: &str) {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");

@@ -156,7 +156,7 @@ impl PopService {
             let woken = gate.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            let result = self.attempt(route, p, &lease_id).await?;
+            let (result, ring_idle) = self.attempt(route, p, &lease_id).await?;
             if p.frames {
                 // Frames skip decoding entirely, so the ack registry has
                 // nothing to learn: acks resolve through the index.
@@ -175,7 +175,15 @@ impl PopService {
             if now >= deadline || self.maintenance() || *closing.borrow() {
                 return Ok(None);
             }
-            let pause = wake::backoff_interval(attempt, &self.cfg).min(deadline - now);
+            // A ring with nothing ready learns of local pushes through the gate
+            // (listened to before looking, so none is missed) and of anything
+            // else only at its reseed: re-checking sooner would find nothing, so
+            // such a pop sleeps until the reseed instead of on the backoff.
+            let pause = match (ring_idle, route) {
+                (true, Route::Wildcard { queue }) => self.hotlist.until_reseed(queue, &p.group).max(self.cfg.wait_initial),
+                _ => wake::backoff_interval(attempt, &self.cfg),
+            }
+            .min(deadline - now);
             let _parked = Parked::new(&self.telemetry);
             tokio::select! {
                 _ = &mut woken => attempt = 0,
@@ -206,23 +214,24 @@ impl PopService {
         self.hotlist.ready_total()
     }
 
-    /// One look for work: at most one claim round trip.
-    async fn attempt(&self, route: &Route, p: &PopParams, worker: &str) -> Result<ClaimResult, PopError> {
+    /// One look for work: at most one claim round trip. The flag says the
+    /// answer came from a ring with nothing ready (no SQL at all).
+    async fn attempt(&self, route: &Route, p: &PopParams, worker: &str) -> Result<(ClaimResult, bool), PopError> {
         if let Route::Wildcard { queue } = route {
             if self.cfg.hotlist {
-                match self.hotlist.plan(queue, &p.group) {
-                    Plan::NothingReady => return Ok(ClaimResult::default()),
-                    Plan::Claim { reseed } => return self.claim_from_ring(queue, p, worker, reseed).await,
+                return match self.hotlist.plan(queue, &p.group) {
+                    Plan::NothingReady => Ok((ClaimResult::default(), true)),
+                    Plan::Claim { reseed } => Ok((self.claim_from_ring(queue, p, worker, reseed).await?, false)),
                     Plan::NoRing => {
                         let result = self.claim_sql(route, p, worker, false).await?;
                         self.hotlist.create(queue, &p.group);
-                        return Ok(result);
+                        Ok((result, false))
                     }
-                }
+                };
             }
-            return self.claim_sql(route, p, worker, true).await;
+            return Ok((self.claim_sql(route, p, worker, true).await?, false));
         }
-        self.claim_sql(route, p, worker, false).await
+        Ok((self.claim_sql(route, p, worker, false).await?, false))
     }
 
     async fn claim_from_ring(&self, queue: &str, p: &PopParams, worker: &str, reseed: bool) -> Result<ClaimResult, PopError> {
