@@ -31,6 +31,8 @@ pub struct CoalesceConfig {
     pub max_bytes: usize,
     /// zstd level of segment compression.
     pub zstd_level: i32,
+    /// Most group writes (transactions of several lanes' segments) in flight.
+    pub group_writers: usize,
 }
 
 /// Where a named group starts when its first pop names no subscription mode.
@@ -328,6 +330,7 @@ impl Config {
                 zstd_level: env.parse(&["QUEEN_V2_ZSTD_LEVEL"], 3i32, "a zstd level from 1 to 19", |v| {
                     (1..=19).contains(v)
                 })?,
+                group_writers: env.parse(&["QUEEN_PUSH_GROUP_WRITERS"], 4usize, "a count of at least 1", |v| *v >= 1)?,
             },
             pop: PopConfig {
                 default_timeout: ms(&["DEFAULT_TIMEOUT", "POP_DEFAULT_TIMEOUT_MS"], 30_000, 0)?,
@@ -396,6 +399,7 @@ impl Config {
         ("QUEEN_V2_FUSION_HOLD_MS", "0", "ms an idle partition's first write waits for company (0: batch only what piles up behind an in-flight write)"),
         ("QUEEN_V2_FUSION_FRAMES", "500", "most messages in one coalesced segment"),
         ("QUEEN_V2_FUSION_BYTES", "4194304", "most uncompressed bytes in one coalesced segment"),
+        ("QUEEN_PUSH_GROUP_WRITERS", "4", "most group commits (several partitions' segments in one transaction) in flight"),
         ("QUEEN_V2_ZSTD_LEVEL", "3", "zstd level of segment compression"),
         ("DEFAULT_TIMEOUT (fallback POP_DEFAULT_TIMEOUT_MS)", "30000", "long-poll timeout in ms of a pop that sends none"),
         ("POP_WAIT_INITIAL_INTERVAL_MS", "100", "first long-poll re-check interval"),

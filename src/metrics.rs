@@ -19,6 +19,8 @@ pub const ACKED: &str = "queen_ack_messages_total";
 pub const DELIVERY_LAG: &str = "queen_delivery_lag_seconds";
 pub const REQUEST_DURATION: &str = "queen_http_request_duration_seconds";
 pub const SEGMENT_MESSAGES: &str = "queen_segment_messages";
+/// Segments written by one group commit (push path).
+pub const GROUP_SEGMENTS: &str = "queen_push_group_segments";
 pub const POOL_CONNECTIONS: &str = "queen_db_pool_connections";
 pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";
@@ -52,6 +54,11 @@ impl Telemetry {
                     .set_buckets_for_metric(
                         metrics_exporter_prometheus::Matcher::Full(SEGMENT_MESSAGES.into()),
                         &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0],
+                    )
+                    .expect("bucket list is non-empty")
+                    .set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(GROUP_SEGMENTS.into()),
+                        &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
                     )
                     .expect("bucket list is non-empty")
                     .install_recorder()

@@ -283,6 +283,145 @@ async fn fifty_concurrent_pushers_to_one_partition_get_gap_free_offsets_in_few_s
     assert_eq!(idx, n, "one index entry per message");
 }
 
+/// Batch-1 producers spread over many partitions: their segments are
+/// committed in groups (one writer, so groups must form), and every
+/// partition still gets gap-free offsets in each pusher's order.
+#[tokio::test]
+async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
+    let b = Broker::start_with(&[("QUEEN_PUSH_GROUP_WRITERS", "1")]).await;
+    const PUSHERS: usize = 48;
+    const EACH: usize = 10;
+    const PARTITIONS: usize = 16;
+    let mut tasks = Vec::new();
+    for p in 0..PUSHERS {
+        let http = b.http.clone();
+        let url = format!("{}/api/v1/push", b.url);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                // Two queues, so groups also span queues.
+                let queue = if p % 2 == 0 { "thin.a" } else { "thin.b" };
+                let partition = format!("p{}", p % PARTITIONS);
+                let body = json!({"items": [{"queue": queue, "partition": partition, "payload": {"p": p, "i": i},
+                                             "transactionId": format!("{p}-{i}")}]});
+                let r = http.post(&url).json(&body).send().await.unwrap();
+                assert_eq!(r.status().as_u16(), 201);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let sql = b.sql().await;
+    let mut total = 0;
+    for queue in ["thin.a", "thin.b"] {
+        for part in 0..PARTITIONS {
+            let stored = stored_messages(&sql, queue, &format!("p{part}")).await;
+            if stored.is_empty() {
+                continue;
+            }
+            let offsets: Vec<i64> = stored.iter().map(|m| m.offset).collect();
+            assert_eq!(offsets, (0..stored.len() as i64).collect::<Vec<_>>(), "{queue}/p{part} is gap-free");
+            for p in (0..PUSHERS).filter(|p| p % PARTITIONS == part) {
+                let mine: Vec<usize> = stored
+                    .iter()
+                    .filter(|m| m.transaction_id.starts_with(&format!("{p}-")))
+                    .map(|m| m.transaction_id.split('-').nth(1).unwrap().parse().unwrap())
+                    .collect();
+                assert!(mine.is_empty() || mine == (0..EACH).collect::<Vec<_>>(), "pusher {p} in order: {mine:?}");
+            }
+            total += stored.len();
+        }
+    }
+    assert_eq!(total, PUSHERS * EACH, "every push stored once");
+    let segments: i64 = sql.query_one("SELECT count(*) FROM queen.segments", &[]).await.unwrap().get(0);
+    let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
+    let metric = |name: &str| -> f64 {
+        text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+    };
+    let (grouped, groups) = (metric("queen_push_group_segments_sum "), metric("queen_push_group_segments_count "));
+    assert_eq!(grouped as i64, segments, "every segment went through a group commit");
+    assert!(groups < grouped, "{groups} group commits for {grouped} segments: no group carried two");
+}
+
+/// `queen.push_segments_v1` keeps push_segment_v1's duplicate rule per
+/// segment: a segment holding a frame already in its partition's window is
+/// refused whole (offsets given back, no index entries), its neighbours in
+/// the same call are written.
+#[tokio::test]
+async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
+    let b = Broker::start().await;
+    let first = b.push_to("grp", "b", &[json!("original")]).await;
+    let original = first[0]["messageId"].as_str().unwrap().to_string();
+    let sql = b.sql().await;
+    let dup = queen::push::coalescer::txn_hash(first[0]["transactionId"].as_str().unwrap());
+    let blob = |frames: &[&str]| {
+        let mut raw = Vec::new();
+        for f in frames {
+            let frame = queen::log::Frame {
+                message_id: uuid::Uuid::now_v7(),
+                trace_id: None,
+                transaction_id: f,
+                producer_sub: None,
+                encrypted: false,
+                payload: b"1",
+            };
+            frame.encode_into(&mut raw);
+        }
+        queen::log::compress_frames(&raw, 3)
+    };
+    let blobs = vec![blob(&["a1", "a2"]), blob(&["b1", "dup"]), blob(&["c1"])];
+    let rows = sql
+        .query(
+            "SELECT o_seg, o_base_offset, o_dup_index, o_seg_blob FROM queen.push_segments_v1('grp', $1, $2, $3, $4, $5, $6)
+             ORDER BY o_seg, o_dup_index",
+            &[
+                &vec!["a", "b", "c"],
+                &vec![2i32, 2, 1],
+                &blobs,
+                &vec![1i32, 1, 2, 2, 3],
+                &vec![0i32, 1, 0, 1, 0],
+                &vec![11i64, 12, 21, dup, 31],
+            ],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(i32, Option<i64>, Option<i32>)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(got, vec![(1, Some(0), None), (2, None, Some(1)), (3, Some(0), None)]);
+    assert!(rows[1].get::<_, Option<Vec<u8>>>(3).is_some(), "the duplicate row carries the original's segment");
+    let last = |p: &'static str| {
+        let sql = &sql;
+        async move {
+            sql.query_one(
+                "SELECT p.last_offset FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'grp' AND p.name = $1",
+                &[&p],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        }
+    };
+    assert_eq!((last("a").await, last("b").await, last("c").await), (1, 0, 0), "b's offsets were given back");
+    let b_index: i64 = sql
+        .query_one("SELECT count(*) FROM queen.txn_index t JOIN queen.partitions p ON p.id = t.partition_id WHERE p.name = 'b'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(b_index, 1, "only the original's index entry remains in b");
+    let stored_b = stored_messages(&sql, "grp", "b").await;
+    assert_eq!(stored_b.len(), 1);
+    assert_eq!(stored_b[0].message_id, original);
+
+    let twice = sql
+        .query(
+            "SELECT * FROM queen.push_segments_v1('grp', $1, $2, $3, $4, $5, $6)",
+            &[&vec!["a", "a"], &vec![1i32, 1], &vec![blob(&["x"]), blob(&["y"])], &vec![1i32, 2], &vec![0i32, 0], &vec![91i64, 92]],
+        )
+        .await
+        .unwrap_err();
+    let message = twice.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
+    assert!(message.contains("a partition appears twice"), "{twice:?}");
+}
+
 #[tokio::test]
 async fn acknowledged_pushes_survive_a_broker_crash() {
     let mut b = Broker::start().await;

@@ -1,6 +1,6 @@
 //! `queen-bench`: load generator for a running broker.
 //!
-//! Scenarios grow with the broker; today: `push` (producers only). Each run
+//! Scenarios: `push`, `consume`, `e2e`, `fanout`, `idle`, `wake`. Each run
 //! prints a human table and one JSON line (`{"scenario":…}`) for scripts.
 //! Every loop is bounded by a duration; only the given URL is contacted.
 
@@ -84,6 +84,29 @@ enum Scenario {
         #[arg(long, default_value_t = 20)]
         duration: u64,
     },
+    /// One producer side, G consumer groups each reading everything
+    Fanout {
+        /// Messages pushed in all
+        #[arg(long, default_value_t = 200_000)]
+        messages: usize,
+        /// Messages per push request
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        #[arg(long, default_value_t = 10)]
+        partitions: usize,
+        /// Concurrent producers
+        #[arg(long, default_value_t = 2)]
+        producers: usize,
+        /// Consumer groups, each of which reads every message
+        #[arg(long, default_value_t = 4)]
+        groups: usize,
+        /// Long-poll consumers per group (leased pops + ack/batch)
+        #[arg(long, default_value_t = 2)]
+        consumers: usize,
+        /// Longest run, seconds
+        #[arg(long, default_value_t = 120)]
+        duration: u64,
+    },
     /// N parked long-poll consumers on N queues: broker CPU, RSS and database
     /// connections while nothing happens (read from the broker's /metrics)
     Idle {
@@ -118,6 +141,9 @@ async fn main() {
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
         Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, duration, payload_size } => {
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), auto_ack, Duration::from_secs(duration), payload_size).await
+        }
+        Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration } => {
+            fanout(&cli.url, messages, batch.max(1), partitions.max(1), producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration)).await
         }
         Scenario::E2e { rate, batch, partitions, consumers, duration } => {
             e2e(&cli.url, rate.max(1), batch.max(1), partitions.max(1), consumers.max(1), Duration::from_secs(duration)).await
@@ -196,6 +222,7 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
     let payload = "x".repeat(payload_size.saturating_sub(2));
     let started = Instant::now();
     let deadline = started + duration;
+    let peak_rss = rss_sampler(url, deadline);
     let mut tasks = Vec::new();
     for c in 0..concurrency {
         let client = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("http client builds");
@@ -234,12 +261,13 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
         latencies.extend(l);
     }
     let secs = started.elapsed().as_secs_f64();
+    let peak_rss_mb = peak_rss.await.unwrap_or(0) as f64 / 1048576.0;
     latencies.sort();
     let pct = |p: f64| percentile_ms(&latencies, p);
     let rate = sent as f64 / secs;
-    println!("scenario  batch  partitions  concurrency  payload  seconds  messages   msg/s      req p50 ms  req p99 ms  errors");
+    println!("scenario  batch  partitions  concurrency  payload  seconds  messages   msg/s      req p50 ms  req p99 ms  errors  peak rss MB");
     println!(
-        "push      {batch:<6} {partitions:<11} {concurrency:<12} {payload_size:<8} {secs:<8.1} {sent:<10} {rate:<10.0} {:<11.2} {:<11.2} {errors}",
+        "push      {batch:<6} {partitions:<11} {concurrency:<12} {payload_size:<8} {secs:<8.1} {sent:<10} {rate:<10.0} {:<11.2} {:<11.2} {errors:<7} {peak_rss_mb:.1}",
         pct(0.5),
         pct(0.99)
     );
@@ -247,7 +275,7 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
         "{}",
         json!({"scenario": "push", "batch": batch, "partitions": partitions, "concurrency": concurrency,
                "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
-               "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors})
+               "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors, "broker_peak_rss_mb": peak_rss_mb})
     );
 }
 
@@ -326,30 +354,8 @@ async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers:
     let epoch = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..consumers {
-        let (latencies, stop, url, queue) = (latencies.clone(), stop.clone(), url.to_string(), queue.clone());
-        let client = reqwest::Client::new();
-        tasks.push(tokio::spawn(async move {
-            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch=500&partitions=4&consumerGroup=e2e&wait=true&timeout=1000");
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let Ok(r) = client.get(&pop).send().await else { continue };
-                if r.status().as_u16() != 200 {
-                    continue;
-                }
-                let body: serde_json::Value = r.json().await.expect("pop answer is JSON");
-                let now = epoch.elapsed();
-                let msgs = body["messages"].as_array().cloned().unwrap_or_default();
-                {
-                    let mut l = latencies.lock().expect("latency lock");
-                    for m in &msgs {
-                        let sent = Duration::from_micros(m["data"]["t"].as_u64().unwrap_or(0));
-                        l.push(now.saturating_sub(sent));
-                    }
-                }
-                let acks: Vec<_> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                    "status": "completed", "leaseId": m["leaseId"]})).collect();
-                let _ = client.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": "e2e"})).send().await;
-            }
-        }));
+        let tally = Tally { latencies: latencies.clone(), count: Default::default() };
+        tasks.push(tokio::spawn(long_poll_consumer(url.to_string(), queue.clone(), "e2e".into(), epoch, tally, stop.clone())));
     }
     // One producer loop per partition group, paced to the target rate.
     let requests_per_s = (rate as f64 / batch as f64).max(0.1);
@@ -385,6 +391,121 @@ async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers:
              percentile_ms(&l, 0.5), percentile_ms(&l, 0.9), percentile_ms(&l, 0.99), percentile_ms(&l, 1.0));
     println!("{}", json!({"scenario": "e2e", "rate": rate, "batch": batch, "partitions": partitions, "consumers": consumers,
                           "sent": sent, "delivered": l.len(), "seconds": secs,
+                          "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
+}
+
+/// Samples the broker's RSS every 250 ms until `deadline`; yields the peak.
+fn rss_sampler(url: &str, deadline: Instant) -> tokio::task::JoinHandle<u64> {
+    let url = url.to_string();
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut peak = 0;
+        while Instant::now() < deadline {
+            if let Ok(r) = client.get(format!("{url}/metrics")).send().await {
+                if let Ok(m) = r.json::<serde_json::Value>().await {
+                    peak = peak.max(m["memory"]["rss"].as_u64().unwrap_or(0));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        peak
+    })
+}
+
+/// What a consumer records: delivery latencies and a message count.
+#[derive(Clone)]
+struct Tally {
+    latencies: std::sync::Arc<std::sync::Mutex<Vec<Duration>>>,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A leased long-poll consumer of `group` (pops of 500 over up to 4
+/// partitions, `ack/batch`), until `stop`. Latency is measured from the
+/// `t` (µs since `epoch`) each payload carries.
+async fn long_poll_consumer(url: String, queue: String, group: String, epoch: Instant, tally: Tally, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let client = reqwest::Client::new();
+    let pop = format!("{url}/api/v1/pop/queue/{queue}?batch=500&partitions=4&consumerGroup={group}&wait=true&timeout=1000");
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let Ok(r) = client.get(&pop).send().await else { continue };
+        if r.status().as_u16() != 200 {
+            continue;
+        }
+        let body: serde_json::Value = r.json().await.expect("pop answer is JSON");
+        let now = epoch.elapsed();
+        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+        {
+            let mut l = tally.latencies.lock().expect("latency lock");
+            for m in &msgs {
+                let sent = Duration::from_micros(m["data"]["t"].as_u64().unwrap_or(0));
+                l.push(now.saturating_sub(sent));
+            }
+        }
+        let acks: Vec<_> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
+            "status": "completed", "leaseId": m["leaseId"]})).collect();
+        let _ = client.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": group})).send().await;
+        tally.count.fetch_add(msgs.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn fanout(url: &str, messages: usize, batch: usize, partitions: usize, producers: usize, groups: usize, consumers: usize, limit: Duration) {
+    let queue = format!("bench.fanout.{}", uuid::Uuid::now_v7().simple());
+    let epoch = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tallies: Vec<Tally> = (0..groups).map(|_| Tally { latencies: Default::default(), count: Default::default() }).collect();
+    // Consumers first, so every group subscribes before the first push.
+    let mut tasks = Vec::new();
+    for (g, tally) in tallies.iter().enumerate() {
+        for _ in 0..consumers {
+            tasks.push(tokio::spawn(long_poll_consumer(url.to_string(), queue.clone(), format!("fan{g}"), epoch, tally.clone(), stop.clone())));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let deadline = started + limit;
+    let requests = messages.div_ceil(batch);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut pushers = Vec::new();
+    for _ in 0..producers {
+        let (next, url, queue) = (next.clone(), url.to_string(), queue.clone());
+        pushers.push(tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            loop {
+                let r = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if r >= requests || Instant::now() >= deadline {
+                    return;
+                }
+                let n = batch.min(messages - r * batch);
+                let t = epoch.elapsed().as_micros() as u64;
+                let partition = format!("p{}", r % partitions);
+                let items: Vec<_> = (0..n).map(|_| json!({"queue": queue, "partition": partition, "payload": {"t": t}})).collect();
+                let ok = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await.is_ok_and(|r| r.status().as_u16() == 201);
+                assert!(ok, "fanout push failed");
+            }
+        }));
+    }
+    for p in pushers {
+        p.await.expect("producer");
+    }
+    let pushed_in = started.elapsed().as_secs_f64();
+    while tallies.iter().any(|t| t.count.load(std::sync::atomic::Ordering::Relaxed) < messages) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let delivered: usize = tallies.iter().map(|t| t.count.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    let mut l: Vec<Duration> = tallies.iter().flat_map(|t| t.latencies.lock().expect("latency lock").clone()).collect();
+    l.sort();
+    let (push_rate, delivery_rate) = (messages as f64 / pushed_in, delivered as f64 / secs);
+    println!("scenario  messages  groups  consumers/group  push msg/s  delivered  delivery msg/s  seconds  p50 ms   p99 ms   max ms");
+    println!("fanout    {messages:<9} {groups:<7} {consumers:<16} {push_rate:<11.0} {delivered:<10} {delivery_rate:<15.0} {secs:<8.1} {:<8.2} {:<8.2} {:<8.2}",
+             percentile_ms(&l, 0.5), percentile_ms(&l, 0.99), percentile_ms(&l, 1.0));
+    println!("{}", json!({"scenario": "fanout", "messages": messages, "batch": batch, "partitions": partitions, "producers": producers,
+                          "groups": groups, "consumers_per_group": consumers, "push_msg_per_s": push_rate, "delivered": delivered,
+                          "delivery_msg_per_s": delivery_rate, "seconds": secs,
                           "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
 }
 

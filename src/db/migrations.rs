@@ -32,6 +32,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(4, "0004_ack.sql"),
     migration!(5, "0005_admin.sql"),
     migration!(6, "0006_maintenance.sql"),
+    migration!(7, "0007_push_group.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -24,6 +24,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::{oneshot, Notify};
 use uuid::Uuid;
 
+use super::group::{original_id, GroupCommitter};
 use crate::config::CoalesceConfig;
 use crate::db::DbError;
 use crate::log::{compress_frames, decompress_frames, FrameReader};
@@ -35,7 +36,7 @@ const MAX_ATTEMPTS: usize = 8;
 /// Ceiling on decompressing a stored segment to find a duplicate's id.
 const DUP_LOOKUP_LIMIT: usize = 256 << 20;
 
-const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
+pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
 
 /// One message of an entry, with where its encoded frame sits.
 #[derive(Debug, Clone)]
@@ -116,7 +117,7 @@ struct Lane {
 
 struct Inner {
     shards: Vec<Mutex<HashMap<(String, String), Arc<Lane>>>>,
-    pool: Pool,
+    group: GroupCommitter,
     cfg: CoalesceConfig,
     flushers: AtomicUsize,
     idle: Notify,
@@ -133,7 +134,7 @@ impl Coalescer {
         Coalescer {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-                pool,
+                group: GroupCommitter::new(pool, cfg.group_writers),
                 cfg,
                 flushers: AtomicUsize::new(0),
                 idle: Notify::new(),
@@ -253,7 +254,6 @@ impl Inner {
                 }
                 Err(e) => {
                     tracing::warn!(queue = %lane.key.0, partition = %lane.key.1, error = %e, "segment write failed");
-                    let e = Arc::new(e);
                     for entry in batch {
                         let _ = entry.reply.send(Err(e.clone()));
                     }
@@ -289,7 +289,7 @@ impl Inner {
         key: &(String, String),
         batch: &[Entry],
         window: Option<i32>,
-    ) -> Result<(Vec<Vec<Outcome>>, i32), PushError> {
+    ) -> Result<(Vec<Vec<Outcome>>, i32), Arc<PushError>> {
         // Merge equal transactionIds of different requests in this batch: the
         // first wins, unless the queue keeps no dedup window at all.
         let mut leader_of: HashMap<(usize, usize), (usize, usize)> = HashMap::new();
@@ -308,13 +308,12 @@ impl Inner {
             }
         }
         let mut outcomes: Vec<Vec<Option<Outcome>>> = batch.iter().map(|e| vec![None; e.items.len()]).collect();
-        let client = self.pool.get().await.map_err(DbError::from)?;
         let mut window_seen = window.unwrap_or(1);
         let mut attempts = 0;
         while !survivors.is_empty() {
             attempts += 1;
             if attempts > MAX_ATTEMPTS {
-                return Err(PushError::Lost);
+                return Err(Arc::new(PushError::Lost));
             }
             let mut frames = Vec::with_capacity(survivors.iter().map(|&(e, i)| batch[e].items[i].frame.len()).sum());
             let mut hashes = Vec::with_capacity(survivors.len());
@@ -323,7 +322,8 @@ impl Inner {
                 frames.extend_from_slice(&batch[e].frames[item.frame.clone()]);
                 hashes.push(txn_hash(&item.transaction_id));
             }
-            match write_segment(&client, &key.0, &key.1, &hashes, &frames, self.cfg.zstd_level).await? {
+            let blob = compress_frames(&frames, self.cfg.zstd_level);
+            match self.group.write(&key.0, &key.1, hashes, blob).await? {
                 SegmentWrite::Written { partition_id, base_offset, window } => {
                     window_seen = window;
                     for (n, &(e, i)) in survivors.iter().enumerate() {
@@ -369,8 +369,7 @@ pub enum SegmentWrite {
 
 /// Compresses `frames` into one segment and appends it to (queue,
 /// partition) on `client`: one round trip. The caller owns the transaction:
-/// the coalescer commits each call on its own, a transaction bundle commits
-/// it with its acks.
+/// a transaction bundle commits it with its acks.
 pub async fn write_segment(
     client: &impl deadpool_postgres::GenericClient,
     queue: &str,
@@ -379,7 +378,17 @@ pub async fn write_segment(
     frames: &[u8],
     zstd_level: i32,
 ) -> Result<SegmentWrite, DbError> {
-    let blob = compress_frames(frames, zstd_level);
+    append_segment(client, queue, partition, hashes, &compress_frames(frames, zstd_level)).await
+}
+
+/// Appends one compressed segment with `queen.push_segment_v1`.
+pub(super) async fn append_segment(
+    client: &impl deadpool_postgres::GenericClient,
+    queue: &str,
+    partition: &str,
+    hashes: &[i64],
+    blob: &[u8],
+) -> Result<SegmentWrite, DbError> {
     let stmt = client.prepare_cached(PUSH_SQL).await?;
     let rows = client.query(&stmt, &[&queue, &partition, &hashes, &blob]).await?;
     let first = rows.first().ok_or_else(|| DbError::Unexpected("push_segment_v1 returned no row".into()))?;
@@ -389,24 +398,12 @@ pub async fn write_segment(
         metrics::histogram!(crate::metrics::SEGMENT_MESSAGES).record(hashes.len() as f64);
         return Ok(SegmentWrite::Written { partition_id, base_offset: first.get("o_base_offset"), window });
     }
-    let dups = rows
-        .iter()
-        .map(|row| {
-            let offset: i64 = row.get("o_dup_offset");
-            let seg_base: Option<i64> = row.get("o_seg_base");
-            let seg_blob: Option<&[u8]> = row.get("o_seg_blob");
-            let original = match (seg_base, seg_blob) {
-                (Some(b), Some(blob)) => message_id_at(blob, offset - b).unwrap_or_else(Uuid::nil),
-                _ => Uuid::nil(),
-            };
-            (row.get::<_, i32>("o_dup_index") as usize, original)
-        })
-        .collect();
+    let dups = rows.iter().map(|row| (row.get::<_, i32>("o_dup_index") as usize, original_id(row))).collect();
     Ok(SegmentWrite::Duplicates { partition_id, window, dups })
 }
 
 /// The message id of frame `index` of a stored segment.
-fn message_id_at(blob: &[u8], index: i64) -> Option<Uuid> {
+pub(super) fn message_id_at(blob: &[u8], index: i64) -> Option<Uuid> {
     let frames = decompress_frames(blob, DUP_LOOKUP_LIMIT).ok()?;
     let index = usize::try_from(index).ok()?;
     FrameReader::new(&frames).nth(index)?.ok().map(|f| f.message_id)

@@ -4,6 +4,7 @@
 //! committed.
 
 pub mod coalescer;
+pub mod group;
 pub mod spool;
 pub mod validate;
 

@@ -1,0 +1,259 @@
+//! Group commit: the segments that lanes have ready go to PostgreSQL
+//! together.
+//!
+//! A lane (see `coalescer`) batches what piles up behind its own in-flight
+//! write, which helps a hot partition but not many thin ones: batch-1
+//! producers spread over ten partitions gave segments of one or two messages,
+//! each its own call and commit, and PostgreSQL spent about as much CPU per
+//! call as on four single-row commits. So lanes do not call PostgreSQL
+//! themselves; they hand their compressed segment to this committer, which
+//! keeps at most `writers` group writes in flight. While those run, segments
+//! of other lanes pile up, and the next group write takes them all: one call
+//! of `queen.push_segments_v1` per queue in one transaction. Like the lanes,
+//! this batches exactly what load produces and never waits on a timer: an
+//! idle broker's segment goes out at once.
+//!
+//! A failed group is retried segment by segment, so one bad segment cannot
+//! fail its neighbours; only when PostgreSQL cannot be reached at all does
+//! every segment of the group get that error (each would meet it alone).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use deadpool_postgres::{GenericClient, Pool};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::coalescer::{append_segment, message_id_at, PushError, SegmentWrite};
+use crate::db::DbError;
+
+/// Most segments one group write carries.
+const MAX_SEGMENTS: usize = 256;
+/// Most compressed bytes one group write carries.
+const MAX_BYTES: usize = 8 << 20;
+/// Fewest segments of one queue worth a `push_segments_v1` call: its
+/// set-based statements cost PostgreSQL more than `push_segment_v1` for one
+/// segment and break even near two (pgbench, docs/PERFORMANCE.md), so smaller
+/// sets go as single calls inside the group's transaction.
+const MULTI_MIN: usize = 3;
+
+const GROUP_SQL: &str = "SELECT * FROM queen.push_segments_v1($1, $2, $3, $4, $5, $6, $7)";
+
+type Reply = oneshot::Sender<Result<SegmentWrite, Arc<PushError>>>;
+
+/// One lane's segment, waiting for a group write.
+struct Job {
+    queue: String,
+    partition: String,
+    hashes: Vec<i64>,
+    blob: Vec<u8>,
+    reply: Reply,
+}
+
+#[derive(Default)]
+struct State {
+    pending: Vec<Job>,
+    writers: usize,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    pool: Pool,
+    max_writers: usize,
+}
+
+/// The group committer. Cheap to clone.
+#[derive(Clone)]
+pub struct GroupCommitter {
+    inner: Arc<Inner>,
+}
+
+impl GroupCommitter {
+    pub fn new(pool: Pool, max_writers: usize) -> GroupCommitter {
+        GroupCommitter { inner: Arc::new(Inner { state: Mutex::default(), pool, max_writers: max_writers.max(1) }) }
+    }
+
+    /// Appends one compressed segment to (queue, partition), committed with
+    /// whatever else is ready. At most one segment per partition may be in
+    /// flight (the lane guarantees it).
+    pub async fn write(&self, queue: &str, partition: &str, hashes: Vec<i64>, blob: Vec<u8>) -> Result<SegmentWrite, Arc<PushError>> {
+        let (reply, rx) = oneshot::channel();
+        let job = Job { queue: queue.to_string(), partition: partition.to_string(), hashes, blob, reply };
+        {
+            let mut st = self.inner.state.lock().expect("group lock poisoned");
+            st.pending.push(job);
+            if st.writers < self.inner.max_writers {
+                st.writers += 1;
+                let inner = self.inner.clone();
+                tokio::spawn(async move { inner.run_writer().await });
+            }
+        }
+        rx.await.unwrap_or_else(|_| Err(Arc::new(PushError::Lost)))
+    }
+}
+
+impl Inner {
+    /// Writes groups until nothing is pending.
+    async fn run_writer(self: Arc<Self>) {
+        loop {
+            let jobs = {
+                let mut st = self.state.lock().expect("group lock poisoned");
+                if st.pending.is_empty() {
+                    st.writers -= 1;
+                    return;
+                }
+                let (mut n, mut bytes) = (0, 0);
+                while n < st.pending.len() && n < MAX_SEGMENTS && (n == 0 || bytes + st.pending[n].blob.len() <= MAX_BYTES) {
+                    bytes += st.pending[n].blob.len();
+                    n += 1;
+                }
+                st.pending.drain(..n).collect::<Vec<_>>()
+            };
+            self.write_group(jobs).await;
+        }
+    }
+
+    async fn write_group(&self, jobs: Vec<Job>) {
+        metrics::histogram!(crate::metrics::GROUP_SEGMENTS).record(jobs.len() as f64);
+        let client = match self.pool.get().await {
+            Ok(c) => c,
+            Err(e) => return fail_all(jobs, Arc::new(PushError::Db(DbError::from(e)))),
+        };
+        // One call per queue, partitions in name order (the function's lock
+        // order), each call's segments numbered from 1.
+        let mut by_queue: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (j, job) in jobs.iter().enumerate() {
+            by_queue.entry(&job.queue).or_default().push(j);
+        }
+        let calls: Vec<Vec<usize>> = by_queue
+            .into_values()
+            .flat_map(|mut v| {
+                v.sort_by(|&a, &b| jobs[a].partition.cmp(&jobs[b].partition));
+                if v.len() >= MULTI_MIN { vec![v] } else { v.into_iter().map(|j| vec![j]).collect() }
+            })
+            .collect();
+        let result = if calls.len() == 1 {
+            call(&client, &jobs, &calls[0]).await.map(|r| vec![r])
+        } else {
+            write_in_transaction(&client, &jobs, &calls).await
+        };
+        match result {
+            Ok(results) => {
+                let mut replies: Vec<Option<SegmentWrite>> = jobs.iter().map(|_| None).collect();
+                for (members, writes) in calls.iter().zip(results) {
+                    for (&j, w) in members.iter().zip(writes) {
+                        replies[j] = Some(w);
+                    }
+                }
+                for (job, w) in jobs.into_iter().zip(replies) {
+                    let _ = job.reply.send(w.ok_or_else(|| Arc::new(PushError::Lost)));
+                }
+            }
+            Err(e) => {
+                let e = PushError::Db(e);
+                if jobs.len() == 1 || e.database_unreachable() {
+                    return fail_all(jobs, Arc::new(e));
+                }
+                tracing::debug!(error = %e, segments = jobs.len(), "group write failed; writing its segments one by one");
+                for job in jobs {
+                    let r = call(&client, std::slice::from_ref(&job), &[0]).await;
+                    let r = r
+                        .map_err(|e| Arc::new(PushError::Db(e)))
+                        .and_then(|mut w| w.pop().ok_or_else(|| Arc::new(PushError::Lost)));
+                    let _ = job.reply.send(r);
+                }
+            }
+        }
+    }
+}
+
+fn fail_all(jobs: Vec<Job>, e: Arc<PushError>) {
+    for job in jobs {
+        let _ = job.reply.send(Err(e.clone()));
+    }
+}
+
+/// Several calls in one transaction, sent as one pipeline: BEGIN, the calls
+/// and COMMIT leave together and cost one round trip. If a call fails the
+/// COMMIT finds the transaction aborted and rolls it back, so either every
+/// segment of the group is committed or none is.
+async fn write_in_transaction(
+    client: &deadpool_postgres::Client,
+    jobs: &[Job],
+    calls: &[Vec<usize>],
+) -> Result<Vec<Vec<SegmentWrite>>, DbError> {
+    // Statements are prepared (cached) first, so that each call below sends
+    // its query on first poll, in order, between BEGIN and COMMIT.
+    client.prepare_cached(GROUP_SQL).await?;
+    client.prepare_cached(super::coalescer::PUSH_SQL).await?;
+    let begin = client.batch_execute("BEGIN");
+    let writes = futures_util::future::join_all(calls.iter().map(|members| call(client, jobs, members)));
+    let commit = client.batch_execute("COMMIT");
+    let (begun, results, committed) = tokio::join!(begin, writes, commit);
+    let results = results.into_iter().collect::<Result<Vec<_>, _>>();
+    begun?;
+    let results = results?;
+    committed?;
+    Ok(results)
+}
+
+/// One call for `members` (indexes into `jobs`, all of one queue): each
+/// member's outcome, in `members` order.
+async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> Result<Vec<SegmentWrite>, DbError> {
+    if let [j] = members {
+        let job = &jobs[*j];
+        return Ok(vec![append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob).await?]);
+    }
+    let queue = &jobs[members[0]].queue;
+    let partitions: Vec<&str> = members.iter().map(|&j| jobs[j].partition.as_str()).collect();
+    let counts: Vec<i32> = members.iter().map(|&j| jobs[j].hashes.len() as i32).collect();
+    let blobs: Vec<&[u8]> = members.iter().map(|&j| jobs[j].blob.as_slice()).collect();
+    let total: usize = members.iter().map(|&j| jobs[j].hashes.len()).sum();
+    let (mut seg, mut pos, mut hashes) = (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
+    for (s, &j) in members.iter().enumerate() {
+        for (p, &h) in jobs[j].hashes.iter().enumerate() {
+            seg.push(s as i32 + 1);
+            pos.push(p as i32);
+            hashes.push(h);
+        }
+    }
+    let stmt = client.prepare_cached(GROUP_SQL).await?;
+    let rows = client.query(&stmt, &[queue, &partitions, &counts, &blobs, &seg, &pos, &hashes]).await?;
+    let mut out: Vec<Option<SegmentWrite>> = members.iter().map(|_| None).collect();
+    for row in &rows {
+        let s = usize::try_from(row.get::<_, i32>("o_seg") - 1)
+            .ok()
+            .filter(|s| *s < members.len())
+            .ok_or_else(|| DbError::Unexpected("push_segments_v1 named a segment it was not given".into()))?;
+        let window: i32 = row.get("o_window");
+        let partition_id: i64 = row.get("o_partition_id");
+        match row.get::<_, Option<i32>>("o_dup_index") {
+            None => {
+                metrics::histogram!(crate::metrics::SEGMENT_MESSAGES).record(jobs[members[s]].hashes.len() as f64);
+                out[s] = Some(SegmentWrite::Written { partition_id, base_offset: row.get("o_base_offset"), window });
+            }
+            Some(index) => {
+                let dup = (index as usize, original_id(row));
+                match &mut out[s] {
+                    Some(SegmentWrite::Duplicates { dups, .. }) => dups.push(dup),
+                    slot => *slot = Some(SegmentWrite::Duplicates { partition_id, window, dups: vec![dup] }),
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .map(|w| w.ok_or_else(|| DbError::Unexpected("push_segments_v1 left a segment unanswered".into())))
+        .collect()
+}
+
+/// The original message id a duplicate row points at (nil when its segment
+/// is gone).
+pub(super) fn original_id(row: &tokio_postgres::Row) -> Uuid {
+    let offset: i64 = row.get("o_dup_offset");
+    let seg_base: Option<i64> = row.get("o_seg_base");
+    let seg_blob: Option<&[u8]> = row.get("o_seg_blob");
+    match (seg_base, seg_blob) {
+        (Some(b), Some(blob)) => message_id_at(blob, offset - b).unwrap_or_else(Uuid::nil),
+        _ => Uuid::nil(),
+    }
+}
