@@ -115,6 +115,44 @@ pub fn initdb(bindir: &Path, pgdata: &Path, extra: &[&str]) -> Result<(), Embedd
     Ok(())
 }
 
+/// Settings the embedded cluster runs with, written to `queen.conf` in its
+/// data directory (included from `postgresql.conf`) on every start, so a
+/// broker upgrade retunes an existing cluster. PostgreSQL's defaults are
+/// sized for a small shared machine; a broker's cluster is written to all
+/// day. Durability is untouched: `fsync` and `synchronous_commit` stay on.
+pub const TUNING: &[(&str, &str)] = &[
+    // Hot partitions, consumer rows and recent segments stay cached (the WAL
+    // buffers follow at 1/32 of this).
+    ("shared_buffers", "256MB"),
+    // Checkpoints far apart: after each one, the first change of every hot
+    // row (partition offsets, cursors) writes a full page image to the WAL.
+    ("checkpoint_timeout", "15min"),
+    ("max_wal_size", "4GB"),
+    ("min_wal_size", "512MB"),
+];
+
+const INCLUDE_LINE: &str = "include_if_exists = 'queen.conf'";
+
+/// Writes `queen.conf` from [`TUNING`] and makes `postgresql.conf` include it.
+fn write_tuning(pgdata: &Path) -> Result<(), EmbeddedError> {
+    let mut conf = String::from("# Written by queen at every start; edits here are overwritten.\n");
+    for (name, value) in TUNING {
+        conf.push_str(&format!("{name} = '{value}'\n"));
+    }
+    let file = pgdata.join("queen.conf");
+    std::fs::write(&file, conf)?;
+    if running_as_root() {
+        run(Command::new("chown").arg("postgres:postgres").arg(&file))?;
+    }
+    let main = pgdata.join("postgresql.conf");
+    let text = std::fs::read_to_string(&main)?;
+    if !text.lines().any(|l| l.trim() == INCLUDE_LINE) {
+        let mut f = std::fs::OpenOptions::new().append(true).open(&main)?;
+        std::io::Write::write_all(&mut f, format!("\n{INCLUDE_LINE}\n").as_bytes())?;
+    }
+    Ok(())
+}
+
 /// A running private cluster that this broker owns and stops on shutdown.
 pub struct EmbeddedCluster {
     bindir: PathBuf,
@@ -162,6 +200,7 @@ impl EmbeddedCluster {
         if cluster.is_running() {
             tracing::info!("embedded PostgreSQL already running; reusing it");
         } else {
+            write_tuning(&cluster.pgdata)?;
             cluster.clear_stale_pid_file();
             cluster.pg_ctl_start(&data_dir)?;
         }

@@ -63,6 +63,18 @@ async fn the_embedded_default_starts_from_an_empty_dir_and_reuses_its_data() {
     assert!(b.logs().iter().any(|l| l.contains("data lives in")), "one line says where the data lives");
     assert_eq!(b.get("/health").await.0, 200);
     assert_eq!(push_one(&b, "first").await, "queued");
+    // The cluster runs with the broker's tuning, not PostgreSQL's defaults.
+    let mut pg = tokio_postgres::Config::new();
+    pg.host_path(dir.0.join("run")).port(queen::embedded_pg::SOCKET_PORT).user("postgres").dbname("postgres");
+    let (sql, conn) = pg.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    for (name, value) in queen::embedded_pg::TUNING {
+        let shown: String = sql.query_one(&format!("SHOW {name}"), &[]).await.unwrap().get(0);
+        assert_eq!(shown.to_lowercase(), value.to_lowercase(), "{name}");
+    }
+    let fsync: String = sql.query_one("SHOW fsync", &[]).await.unwrap().get(0);
+    assert_eq!(fsync, "on", "durability is not traded for speed");
+    drop(sql);
     assert_eq!(b.terminate().await, Some(0));
     assert!(!dir.cluster_running(), "a graceful shutdown stops the cluster");
 

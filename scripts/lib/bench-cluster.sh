@@ -1,12 +1,14 @@
 # Sourced by the bench scripts: a private, durable PostgreSQL cluster
 # (default settings: fsync and synchronous commit on) on a unix socket, and a
-# release broker on it. Everything stays on localhost; cleanup runs on exit.
+# release broker on it. PG_EXTRA adds server options (e.g. the embedded
+# cluster's tuning, to measure it). Everything stays on localhost; cleanup
+# runs on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 bash scripts/ensure-postgres.sh
 cargo build --locked --release --bins -q
 source scripts/lib/pg-cluster.sh
-start_pg_cluster 5499
+start_pg_cluster 5499 "${PG_EXTRA:-}"
 BIN=$PG_BIN
 DIR=$PG_DIR
 BROKER_PID=

@@ -37,6 +37,16 @@ struct Ring {
     /// (reseeded, or claimed and possibly left with more).
     estimates: HashMap<i64, Option<u64>>,
     last_reseed: Option<Instant>,
+    /// This ring's current reseed interval: the configured one ±25 %, drawn
+    /// afresh at every reseed, so rings created together (a fleet of
+    /// consumers starting at once) do not all fall due in the same instant.
+    period: Duration,
+}
+
+/// `every` scaled by a random factor in [0.75, 1.25).
+fn jittered(every: Duration) -> Duration {
+    let r = (uuid::Uuid::new_v4().as_u128() as u64 % 10_000) as f64 / 10_000.0;
+    every.mul_f64(0.75 + r * 0.5)
 }
 
 /// What a pop should do, decided before any permit or connection.
@@ -72,9 +82,10 @@ impl HotList {
     /// all go to PostgreSQL for it.
     pub fn plan(&self, queue: &str, group: &str) -> Plan {
         self.with_ring(queue, group, |r| {
-            let reseed = r.last_reseed.is_none_or(|t| t.elapsed() >= self.reseed_every);
+            let reseed = r.last_reseed.is_none_or(|t| t.elapsed() >= r.period);
             if reseed {
                 r.last_reseed = Some(Instant::now());
+                r.period = jittered(self.reseed_every);
                 Plan::Claim { reseed: true }
             } else if r.ready.is_empty() {
                 Plan::NothingReady
@@ -88,7 +99,7 @@ impl HotList {
     /// Time until the ring's next reseed (zero when due or unknown).
     pub fn until_reseed(&self, queue: &str, group: &str) -> Duration {
         self.with_ring(queue, group, |r| match r.last_reseed {
-            Some(t) => self.reseed_every.saturating_sub(t.elapsed()),
+            Some(t) => r.period.saturating_sub(t.elapsed()),
             None => Duration::ZERO,
         })
         .unwrap_or(Duration::ZERO)
@@ -102,6 +113,7 @@ impl HotList {
             members: HashMap::new(),
             estimates: HashMap::new(),
             last_reseed: None,
+            period: jittered(self.reseed_every),
         });
     }
 
@@ -153,6 +165,7 @@ impl HotList {
                 r.offer(pid, &Arc::from(name.as_str()));
             }
             r.last_reseed = Some(Instant::now());
+            r.period = jittered(self.reseed_every);
         });
     }
 
@@ -373,5 +386,21 @@ mod tests {
         }
         assert_eq!(l.ready_len("q", "g"), 2);
         assert_eq!(l.checkout("q", "g", 1).pids(), [1], "in their original order");
+    }
+
+    #[test]
+    fn reseed_times_are_spread_so_rings_created_together_do_not_fall_due_together() {
+        let every = Duration::from_secs(100);
+        let l = HotList::new(every);
+        let mut waits = Vec::new();
+        for q in 0..50 {
+            let q = format!("q{q}");
+            l.create(&q, "g");
+            l.reseed(&q, "g", vec![]);
+            waits.push(l.until_reseed(&q, "g"));
+        }
+        let (min, max) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
+        assert!(*min >= every.mul_f64(0.74) && *max <= every.mul_f64(1.25), "{min:?}..{max:?}");
+        assert!(*max - *min > every / 10, "50 rings spread over only {:?}", *max - *min);
     }
 }
