@@ -100,3 +100,30 @@ async fn a_flood_of_long_polls_cannot_starve_pushes() {
     }
     assert_eq!(b.pop("/api/v1/pop/queue/flood").await.status, 204, "capacity is back");
 }
+
+/// First contacts (connection, then work) and ring pops (permit, then
+/// connection) at once on a small pool: nobody holds a connection while
+/// queueing for a permit, so every pop is served instead of timing out with
+/// `500 pool`.
+#[tokio::test]
+async fn a_burst_of_first_contacts_and_ring_pops_on_a_small_pool_is_served() {
+    let b = Broker::start_with(&[("DB_POOL_SIZE", "4"), ("DB_CONNECTION_TIMEOUT", "3000")]).await;
+    const QUEUES: usize = 60;
+    for q in 0..QUEUES {
+        let (status, _) = b.get(&format!("/api/v1/pop/queue/burst.old.{q}")).await;
+        assert_eq!(status, 204, "first contact of queue {q}");
+    }
+    let mut tasks = Vec::new();
+    for q in 0..QUEUES {
+        for path in [format!("/api/v1/pop/queue/burst.old.{q}"), format!("/api/v1/pop/queue/burst.new.{q}")] {
+            let (http, url) = (b.http.clone(), format!("{}{path}", b.url));
+            tasks.push(tokio::spawn(async move { http.get(&url).send().await.unwrap().status().as_u16() }));
+        }
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let failed = statuses.iter().filter(|s| **s >= 500).count();
+    assert_eq!(failed, 0, "{failed} of {} pops failed: {statuses:?}", statuses.len());
+}

@@ -250,18 +250,29 @@ impl PopService {
         Ok(result)
     }
 
+    /// Permits are always taken before connections (as `claim_from_ring`
+    /// does), never the other way round: a pop that held a connection while
+    /// queueing for a permit left connections idle in PostgreSQL while
+    /// permit holders queued for connections, and 10,000 first contacts at
+    /// once turned that into a storm of `500 pool` (docs/PERFORMANCE.md).
     async fn claim_sql(&self, route: &Route, p: &PopParams, worker: &str, probe: bool) -> Result<ClaimResult, PopError> {
-        let client = self.connection().await?;
         if probe {
             if let Route::Wildcard { queue } = route {
                 // The cheap pending probe, before a permit: a queue that
-                // exists and has nothing for this group skips the scan.
+                // exists and has nothing for this group skips the scan. With
+                // work to do, claim on the same connection if a permit is
+                // free at once; otherwise give the connection back first.
+                let client = self.connection().await?;
                 if claim::has_pending(&client, queue, &p.group).await? == Some(false) {
                     return Ok(ClaimResult::default());
+                }
+                if let Ok(_permit) = self.permits.try_acquire() {
+                    return Ok(claim::claim_route(&client, route, p, worker).await?);
                 }
             }
         }
         let _permit = self.permit().await?;
+        let client = self.connection().await?;
         Ok(claim::claim_route(&client, route, p, worker).await?)
     }
 
