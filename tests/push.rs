@@ -422,6 +422,63 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     assert!(message.contains("a partition appears twice"), "{twice:?}");
 }
 
+/// A `QPB1` flag-8 body with one group of (transactionId, payload) frames,
+/// compressed at `level`; returns the body, the group's blob and the ids.
+fn flag8_body(queue: &str, partition: &str, frames: &[(&str, &str)], level: i32) -> (Vec<u8>, Vec<u8>, Vec<uuid::Uuid>) {
+    let mut raw = Vec::new();
+    let mut ids = Vec::new();
+    for (txn, payload) in frames {
+        let id = uuid::Uuid::now_v7();
+        ids.push(id);
+        queen::log::Frame { message_id: id, trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: payload.as_bytes() }
+            .encode_into(&mut raw);
+    }
+    let z = queen::log::compress_frames(&raw, level);
+    let mut b = b"QPB1".to_vec();
+    b.push(8);
+    b.extend_from_slice(&1u32.to_le_bytes());
+    for name in [queue, partition] {
+        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        b.extend_from_slice(name.as_bytes());
+    }
+    b.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    b.extend_from_slice(&(z.len() as u32).to_le_bytes());
+    b.extend_from_slice(&z);
+    (b, z, ids)
+}
+
+/// API.md §3: flag-8 groups are stored as they came, and repacked only when
+/// deduplication drops a frame.
+#[tokio::test]
+async fn a_flag_8_group_is_stored_as_it_came_and_repacked_when_a_duplicate_drops_a_frame() {
+    let b = Broker::start().await;
+    // Level 19 differs from the broker's level 3: equal bytes prove no recompression.
+    let (body, z, ids) = flag8_body("bin", "p", &[("a1", r#"{"n":1}"#), ("a2", r#"{"n":2}"#)], 19);
+    let (status, answer) = b.post_raw("/api/v1/push", "application/octet-stream", body).await;
+    assert_eq!(status, 201, "{answer}");
+    let statuses: Vec<&str> = results(&answer).iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["queued", "queued"]);
+    let returned: Vec<String> = results(&answer).iter().map(|r| r["messageId"].as_str().unwrap().to_string()).collect();
+    assert_eq!(returned, ids.iter().map(|i| i.to_string()).collect::<Vec<_>>(), "the client's ids are kept");
+    let sql = b.sql().await;
+    let blobs: Vec<Vec<u8>> =
+        sql.query("SELECT blob FROM queen.segments ORDER BY base_offset", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(blobs, vec![z], "the group became the segment byte for byte");
+
+    let (body, z2, _) = flag8_body("bin", "p", &[("a2", r#"{"n":2}"#), ("a3", r#"{"n":3}"#)], 19);
+    let (status, answer) = b.post_raw("/api/v1/push", "application/octet-stream", body).await;
+    assert_eq!(status, 201, "{answer}");
+    let statuses: Vec<&str> = results(&answer).iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, ["duplicate", "queued"]);
+    let blobs: Vec<Vec<u8>> =
+        sql.query("SELECT blob FROM queen.segments ORDER BY base_offset", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(blobs.len(), 2);
+    assert_ne!(blobs[1], z2, "a dropped frame means a repacked segment");
+    let stored = stored_messages(&sql, "bin", "p").await;
+    let txns: Vec<(i64, &str, &str)> = stored.iter().map(|m| (m.offset, m.transaction_id.as_str(), m.payload.as_str())).collect();
+    assert_eq!(txns, vec![(0, "a1", r#"{"n":1}"#), (1, "a2", r#"{"n":2}"#), (2, "a3", r#"{"n":3}"#)]);
+}
+
 #[tokio::test]
 async fn acknowledged_pushes_survive_a_broker_crash() {
     let mut b = Broker::start().await;

@@ -41,6 +41,10 @@ enum Scenario {
         /// Queue name (default: a fresh one per run)
         #[arg(long)]
         queue: Option<String>,
+        /// Send `QPB1` bodies with pre-framed, pre-compressed groups (flag 8)
+        /// instead of JSON
+        #[arg(long)]
+        binary: bool,
     },
     /// Drain a pre-filled backlog: leased pops + ack/batch (or autoAck)
     Consume {
@@ -62,6 +66,10 @@ enum Scenario {
         /// Commit inside the pop instead of leasing and acking
         #[arg(long)]
         auto_ack: bool,
+        /// Ask for framed (`QPF1`) answers and decode them as a client would
+        /// (with --auto-ack)
+        #[arg(long, requires = "auto_ack")]
+        frames: bool,
         /// Longest run, seconds
         #[arg(long, default_value_t = 120)]
         duration: u64,
@@ -132,15 +140,20 @@ enum Scenario {
 async fn main() {
     let cli = Cli::parse();
     match cli.scenario {
-        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue } => {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary } => {
             let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
-            push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size)
+            push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, binary)
                 .await
         }
         Scenario::Wake { trials, park_ms } => wake(&cli.url, trials, Duration::from_millis(park_ms)).await,
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, duration, payload_size } => {
-            consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), auto_ack, Duration::from_secs(duration), payload_size).await
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size } => {
+            let mode = match (auto_ack, frames) {
+                (_, true) => Mode::Frames,
+                (true, false) => Mode::AutoAck,
+                (false, false) => Mode::Leased,
+            };
+            consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), mode, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration } => {
             fanout(&cli.url, messages, batch.max(1), partitions.max(1), producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration)).await
@@ -218,7 +231,33 @@ async fn wake(url: &str, trials: usize, park: Duration) {
     );
 }
 
-async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurrency: usize, duration: Duration, payload_size: usize) {
+/// A `QPB1` body of one flag-8 group: `batch` frames with fresh ids (the
+/// transactionId is the id's text), compressed as a client would.
+fn qpb1_flag8(queue: &str, partition: &str, batch: usize, payload: &str) -> Vec<u8> {
+    let payload = serde_json::to_string(payload).expect("a string serializes");
+    let ids: Vec<(uuid::Uuid, String)> = (0..batch).map(|_| { let id = uuid::Uuid::now_v7(); (id, id.to_string()) }).collect();
+    let mut raw = Vec::new();
+    for (id, txn) in &ids {
+        queen::log::Frame { message_id: *id, trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: payload.as_bytes() }
+            .encode_into(&mut raw);
+    }
+    let z = queen::log::compress_frames(&raw, 3);
+    let mut b = Vec::with_capacity(z.len() + 64);
+    b.extend_from_slice(b"QPB1");
+    b.push(8);
+    b.extend_from_slice(&1u32.to_le_bytes());
+    for name in [queue, partition] {
+        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        b.extend_from_slice(name.as_bytes());
+    }
+    b.extend_from_slice(&(batch as u32).to_le_bytes());
+    b.extend_from_slice(&(z.len() as u32).to_le_bytes());
+    b.extend_from_slice(&z);
+    b
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurrency: usize, duration: Duration, payload_size: usize, binary: bool) {
     let payload = "x".repeat(payload_size.saturating_sub(2));
     let started = Instant::now();
     let deadline = started + duration;
@@ -236,11 +275,15 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
             while Instant::now() < deadline {
                 let partition = format!("p{}", round % partitions);
                 round += 1;
-                let items: Vec<_> =
-                    (0..batch).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
-                let body = serde_json::to_vec(&json!({ "items": items })).expect("serializable");
+                let (body, content_type) = if binary {
+                    (qpb1_flag8(&queue, &partition, batch, &payload), "application/octet-stream")
+                } else {
+                    let items: Vec<_> =
+                        (0..batch).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
+                    (serde_json::to_vec(&json!({ "items": items })).expect("serializable"), "application/json")
+                };
                 let t = Instant::now();
-                let r = client.post(&endpoint).header("content-type", "application/json").body(body).send().await;
+                let r = client.post(&endpoint).header("content-type", content_type).body(body).send().await;
                 match r {
                     Ok(r) if r.status().as_u16() == 201 => {
                         let _ = r.bytes().await;
@@ -265,32 +308,36 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
     latencies.sort();
     let pct = |p: f64| percentile_ms(&latencies, p);
     let rate = sent as f64 / secs;
-    println!("scenario  batch  partitions  concurrency  payload  seconds  messages   msg/s      req p50 ms  req p99 ms  errors  peak rss MB");
+    println!("scenario  body    batch  partitions  concurrency  payload  seconds  messages   msg/s      req p50 ms  req p99 ms  errors  peak rss MB");
     println!(
-        "push      {batch:<6} {partitions:<11} {concurrency:<12} {payload_size:<8} {secs:<8.1} {sent:<10} {rate:<10.0} {:<11.2} {:<11.2} {errors:<7} {peak_rss_mb:.1}",
+        "push      {:<7} {batch:<6} {partitions:<11} {concurrency:<12} {payload_size:<8} {secs:<8.1} {sent:<10} {rate:<10.0} {:<11.2} {:<11.2} {errors:<7} {peak_rss_mb:.1}",
+        if binary { "QPB1" } else { "JSON" },
         pct(0.5),
         pct(0.99)
     );
     println!(
         "{}",
-        json!({"scenario": "push", "batch": batch, "partitions": partitions, "concurrency": concurrency,
+        json!({"scenario": "push", "body": if binary { "QPB1" } else { "JSON" }, "batch": batch, "partitions": partitions, "concurrency": concurrency,
                "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
                "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors, "broker_peak_rss_mb": peak_rss_mb})
     );
 }
 
-/// Pushes `messages` into `partitions` partitions of `queue`, 1,000 per request.
+/// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
+/// up to 1,000 per request (fewer when there are more partitions than
+/// 1,000-message chunks, so that every partition gets its share).
 async fn prefill(url: &str, queue: &str, messages: usize, partitions: usize, payload_size: usize) {
     let payload = "x".repeat(payload_size.saturating_sub(2));
     let client = reqwest::Client::new();
-    let chunks: Vec<usize> = (0..messages.div_ceil(1000)).collect();
+    let per = (messages / partitions).clamp(1, 1000);
+    let chunks: Vec<usize> = (0..messages.div_ceil(per)).collect();
     let mut tasks = Vec::new();
-    for worker in 0..4 {
+    for worker in 0..8 {
         let (client, url, queue, payload) = (client.clone(), url.to_string(), queue.to_string(), payload.clone());
-        let mine: Vec<usize> = chunks.iter().copied().filter(|c| c % 4 == worker).collect();
+        let mine: Vec<usize> = chunks.iter().copied().filter(|c| c % 8 == worker).collect();
         tasks.push(tokio::spawn(async move {
             for c in mine {
-                let n = 1000.min(messages - c * 1000);
+                let n = per.min(messages - c * per);
                 let partition = format!("p{}", c % partitions);
                 let items: Vec<_> = (0..n).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
                 let r = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await;
@@ -303,8 +350,66 @@ async fn prefill(url: &str, queue: &str, messages: usize, partitions: usize, pay
     }
 }
 
+/// How `consume` reads: leased JSON pops + `ack/batch`, JSON pops with
+/// `autoAck`, or framed pops with `autoAck`.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Leased,
+    AutoAck,
+    Frames,
+}
+
+/// Messages in a `QPF1` answer, decoded as a client does: every shipped
+/// segment decompressed and sliced to its claim's `start..=end`.
+fn count_framed(body: &[u8]) -> usize {
+    struct R<'a>(&'a [u8], usize);
+    impl<'a> R<'a> {
+        fn take(&mut self, n: usize) -> &'a [u8] {
+            let s = &self.0[self.1..self.1 + n];
+            self.1 += n;
+            s
+        }
+        fn u16(&mut self) -> usize { u16::from_le_bytes(self.take(2).try_into().expect("2")) as usize }
+        fn u32(&mut self) -> usize { u32::from_le_bytes(self.take(4).try_into().expect("4")) as usize }
+        fn u64(&mut self) -> u64 { u64::from_le_bytes(self.take(8).try_into().expect("8")) }
+        fn str16(&mut self) { let n = self.u16(); self.take(n); }
+    }
+    let mut r = R(body, 0);
+    assert_eq!(r.take(4), b"QPF1", "framed answer");
+    if r.take(1)[0] == 1 {
+        let n = r.u32();
+        r.take(n);
+    }
+    r.str16();
+    r.str16();
+    r.str16();
+    let mut count = 0;
+    for _ in 0..r.u32() {
+        r.u64();
+        r.str16();
+        let (start, end) = (r.u64(), r.u64());
+        r.u32();
+        for _ in 0..r.u32() {
+            let base = r.u64();
+            r.u64();
+            r.u32();
+            r.take(1);
+            let len = r.u32();
+            let frames = queen::log::decompress_frames(r.take(len), 1 << 30).expect("segment decodes");
+            for (i, f) in queen::log::FrameReader::new(&frames).enumerate() {
+                let offset = base + i as u64;
+                if (start..=end).contains(&offset) {
+                    std::hint::black_box(f.expect("frame decodes").payload_json());
+                    count += 1;
+                }
+            }
+        }
+    }
+    count
+}
+
 #[allow(clippy::too_many_arguments)]
-async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, auto_ack: bool, limit: Duration, payload_size: usize) {
+async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, mode: Mode, limit: Duration, payload_size: usize) {
     let queue = format!("bench.consume.{}", uuid::Uuid::now_v7().simple());
     let filled = Instant::now();
     prefill(url, &queue, messages, partitions, payload_size).await;
@@ -317,11 +422,18 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
         let (consumed, url, queue) = (consumed.clone(), url.to_string(), queue.clone());
         let client = reqwest::Client::new();
         tasks.push(tokio::spawn(async move {
-            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}");
+            let auto_ack = mode != Mode::Leased;
+            let frames = if mode == Mode::Frames { "&frames=true" } else { "" };
+            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}{frames}");
             while consumed.load(std::sync::atomic::Ordering::Relaxed) < messages && Instant::now() < deadline {
                 let Ok(r) = client.get(&pop).send().await else { continue };
                 if r.status().as_u16() != 200 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                if mode == Mode::Frames {
+                    let body = r.bytes().await.expect("pop answer");
+                    consumed.fetch_add(count_framed(&body), std::sync::atomic::Ordering::Relaxed);
                     continue;
                 }
                 let body: serde_json::Value = r.json().await.expect("pop answer is JSON");
@@ -340,11 +452,15 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
     }
     let secs = started.elapsed().as_secs_f64();
     let n = consumed.load(std::sync::atomic::Ordering::Relaxed);
+    let mode = match mode {
+        Mode::Leased => "leased",
+        Mode::AutoAck => "autoAck",
+        Mode::Frames => "frames",
+    };
     println!("scenario  messages  partitions  batch  pop-partitions  consumers  mode     seconds  msg/s");
-    println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {:<8} {secs:<8.1} {:.0}",
-             if auto_ack { "autoAck" } else { "leased" }, n as f64 / secs);
+    println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {mode:<8} {secs:<8.1} {:.0}", n as f64 / secs);
     println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,
-                          "consumers": concurrency, "auto_ack": auto_ack, "seconds": secs, "msg_per_s": n as f64 / secs}));
+                          "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs}));
 }
 
 async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers: usize, duration: Duration) {

@@ -65,17 +65,18 @@ pub async fn push(
         let parsed = crate::log::binary::parse_push(&bytes, state.config.max_body_bytes)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
-        return push_and_answer(&state, &items, parsed.counts_only, producer.as_deref()).await;
+        return push_and_answer(&state, &items, &parsed.groups, parsed.counts_only, producer.as_deref()).await;
     }
     let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
     let items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
-    push_and_answer(&state, &items, false, producer.as_deref()).await
+    push_and_answer(&state, &items, &[], false, producer.as_deref()).await
 }
 
 /// Pushes validated items and answers: one result per item, or the counts.
 async fn push_and_answer(
     state: &AppState,
     items: &[push::PushItem<'_>],
+    prepacked: &[crate::log::binary::FramedGroup],
     counts_only: bool,
     producer: Option<&str>,
 ) -> Result<Response, ApiError> {
@@ -89,7 +90,7 @@ async fn push_and_answer(
             return spooled(spool, items, producer).await;
         }
     }
-    match push::push_items(&state.coalescer, items, producer).await {
+    match push::push_items_prepacked(&state.coalescer, items, producer, prepacked).await {
         Ok(results) => {
             notify_consumers(state, &results);
             if counts_only {

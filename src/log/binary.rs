@@ -46,6 +46,17 @@ pub struct BinaryItem {
 pub struct BinaryPush {
     pub counts_only: bool,
     pub items: Vec<BinaryItem>,
+    /// Flag-8 groups that can be stored as they came (see [`FramedGroup`]).
+    pub groups: Vec<FramedGroup>,
+}
+
+/// A flag-8 group whose compressed bytes can become a segment unchanged:
+/// exactly one zstd frame, and no frame claims a producer (the broker stamps
+/// that itself). `items` is its range in [`BinaryPush::items`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FramedGroup {
+    pub items: std::ops::Range<usize>,
+    pub blob: Vec<u8>,
 }
 
 struct Reader<'a> {
@@ -113,7 +124,12 @@ fn decompress(z: &[u8], limit: usize, r: &Reader<'_>, what: &str) -> Result<Vec<
 /// Pre-framed groups (`QPB1` flag 8, and every `QTB1` group): each group's
 /// `z` decompresses to exactly `n` stored frames, flags 0, non-empty
 /// transactionIds, JSON payloads.
-fn framed_groups(r: &mut Reader<'_>, limit: usize, out: &mut Vec<BinaryItem>) -> Result<(), BinaryError> {
+fn framed_groups(
+    r: &mut Reader<'_>,
+    limit: usize,
+    out: &mut Vec<BinaryItem>,
+    mut verbatim: Option<&mut Vec<FramedGroup>>,
+) -> Result<(), BinaryError> {
     let groups = r.u32("u32 group count")?;
     let mut budget = limit;
     for _ in 0..groups {
@@ -125,6 +141,8 @@ fn framed_groups(r: &mut Reader<'_>, limit: usize, out: &mut Vec<BinaryItem>) ->
         let z = r.take(z_len, "compressed frames")?;
         let frames = decompress(z, budget, r, "compressed frames")?;
         budget = budget.saturating_sub(frames.len());
+        let first = out.len();
+        let mut stampless = true;
         let mut count = 0;
         for f in FrameReader::new(&frames) {
             let f = f.map_err(|CodecError { offset, expected }| BinaryError {
@@ -135,6 +153,7 @@ fn framed_groups(r: &mut Reader<'_>, limit: usize, out: &mut Vec<BinaryItem>) ->
             if f.encrypted || f.transaction_id.is_empty() {
                 return Err(BinaryError { body: r.body, offset: z_at, expected: "frames with flags 0 and a transactionId".into() });
             }
+            stampless &= f.producer_sub.is_none();
             out.push(BinaryItem {
                 queue: queue.clone(),
                 partition: partition.clone(),
@@ -147,6 +166,12 @@ fn framed_groups(r: &mut Reader<'_>, limit: usize, out: &mut Vec<BinaryItem>) ->
         }
         if count != n {
             return Err(BinaryError { body: r.body, offset: z_at, expected: format!("{n} frames in the group, found {count}") });
+        }
+        let one_frame = zstd::zstd_safe::find_frame_compressed_size(z).is_ok_and(|size| size == z.len());
+        if let Some(groups) = verbatim.as_deref_mut() {
+            if one_frame && stampless && n > 0 {
+                groups.push(FramedGroup { items: first..out.len(), blob: z.to_vec() });
+            }
         }
     }
     Ok(())
@@ -164,9 +189,10 @@ pub fn parse_push(body: &[u8], limit: usize) -> Result<BinaryPush, BinaryError> 
     }
     let mut items = Vec::new();
     if flags & FLAG_FRAMES != 0 {
-        framed_groups(&mut r, limit, &mut items)?;
+        let mut groups = Vec::new();
+        framed_groups(&mut r, limit, &mut items, Some(&mut groups))?;
         r.done()?;
-        return Ok(BinaryPush { counts_only: flags & FLAG_COUNTS != 0, items });
+        return Ok(BinaryPush { counts_only: flags & FLAG_COUNTS != 0, items, groups });
     }
     let owned;
     let mut r = if flags & FLAG_ZSTD != 0 {
@@ -197,7 +223,7 @@ pub fn parse_push(body: &[u8], limit: usize) -> Result<BinaryPush, BinaryError> 
         }
     }
     r.done()?;
-    Ok(BinaryPush { counts_only: flags & FLAG_COUNTS != 0, items })
+    Ok(BinaryPush { counts_only: flags & FLAG_COUNTS != 0, items, groups: Vec::new() })
 }
 
 /// A parsed `QTB1` transaction: the JSON head (its non-push operations) and
@@ -230,7 +256,7 @@ pub fn parse_transaction(body: &[u8], limit: usize) -> Result<BinaryTransaction,
         text.to_string()
     };
     let mut items = Vec::new();
-    framed_groups(&mut r, limit, &mut items)?;
+    framed_groups(&mut r, limit, &mut items, None)?;
     r.done()?;
     Ok(BinaryTransaction { counts_only: flags & FLAG_COUNTS != 0, head, items })
 }
@@ -373,6 +399,49 @@ mod tests {
         b.extend_from_slice(&(z.len() as u32).to_le_bytes());
         b.extend_from_slice(&z);
         b
+    }
+
+    #[test]
+    fn a_single_frame_group_without_producer_is_offered_verbatim() {
+        let body = framed_body(b"QPB1", 8, 2);
+        let p = parse_push(&body, 1 << 20).unwrap();
+        assert_eq!(p.groups.len(), 1);
+        assert_eq!(p.groups[0].items, 0..2);
+        let z_len = u32::from_le_bytes(body[19..23].try_into().unwrap()) as usize;
+        assert_eq!(p.groups[0].blob, body[23..23 + z_len].to_vec(), "the blob is the client's bytes");
+
+        // Two concatenated zstd frames decode fine but are not one segment blob.
+        let mut frames = Vec::new();
+        Frame { message_id: Uuid::now_v7(), trace_id: None, transaction_id: "a", producer_sub: None, encrypted: false, payload: b"1" }
+            .encode_into(&mut frames);
+        let mut z = compress_frames(&frames[..10], 3);
+        z.extend(compress_frames(&frames[10..], 3));
+        let mut two = b"QPB1".to_vec();
+        two.push(8);
+        two.extend_from_slice(&1u32.to_le_bytes());
+        put_str16(&mut two, "q");
+        put_str16(&mut two, "p");
+        two.extend_from_slice(&1u32.to_le_bytes());
+        two.extend_from_slice(&(z.len() as u32).to_le_bytes());
+        two.extend_from_slice(&z);
+        let p = parse_push(&two, 1 << 20).unwrap();
+        assert_eq!(p.items.len(), 1);
+        assert!(p.groups.is_empty());
+
+        // A frame naming a producer is restamped by the broker, so repacked.
+        let mut stamped = Vec::new();
+        Frame { message_id: Uuid::now_v7(), trace_id: None, transaction_id: "a", producer_sub: Some("me"), encrypted: false, payload: b"1" }
+            .encode_into(&mut stamped);
+        let z = compress_frames(&stamped, 3);
+        let mut body = b"QPB1".to_vec();
+        body.push(8);
+        body.extend_from_slice(&1u32.to_le_bytes());
+        put_str16(&mut body, "q");
+        put_str16(&mut body, "p");
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&(z.len() as u32).to_le_bytes());
+        body.extend_from_slice(&z);
+        assert!(parse_push(&body, 1 << 20).unwrap().groups.is_empty());
     }
 
     #[test]

@@ -95,6 +95,9 @@ type Reply = oneshot::Sender<Result<Vec<Outcome>, Arc<PushError>>>;
 struct Entry {
     items: Vec<EntryItem>,
     frames: Vec<u8>,
+    /// The client's own compressed frames (`QPB1` flag 8), stored as they
+    /// came when nothing of the entry is dropped; `frames` is the fallback.
+    prepacked: Option<Vec<u8>>,
     reply: Reply,
 }
 
@@ -156,6 +159,7 @@ impl Coalescer {
         partition: &str,
         items: Vec<EntryItem>,
         frames: Vec<u8>,
+        prepacked: Option<Vec<u8>>,
     ) -> oneshot::Receiver<Result<Vec<Outcome>, Arc<PushError>>> {
         let (reply, rx) = oneshot::channel();
         let key = (queue.to_string(), partition.to_string());
@@ -168,7 +172,7 @@ impl Coalescer {
         let mut st = lane.state.lock().expect("lane lock poisoned");
         st.frames += items.len();
         st.bytes += frames.len();
-        st.pending.push_back(Entry { items, frames, reply });
+        st.pending.push_back(Entry { items, frames, prepacked, reply });
         if st.frames >= self.inner.cfg.max_frames || st.bytes >= self.inner.cfg.max_bytes {
             lane.full.notify_one();
         }
@@ -262,14 +266,16 @@ impl Inner {
         }
     }
 
-    /// Takes entries up to the bounds (always at least one).
+    /// Takes entries up to the bounds (always at least one). A prepacked
+    /// entry travels alone: its blob is its segment.
     fn take_batch(&self, lane: &Lane) -> (Vec<Entry>, Option<i32>) {
         let mut st = lane.state.lock().expect("lane lock poisoned");
         let (mut frames, mut bytes) = (0, 0);
-        let mut batch = Vec::new();
+        let mut batch: Vec<Entry> = Vec::new();
         while let Some(e) = st.pending.front() {
             let fits = frames + e.items.len() <= self.cfg.max_frames && bytes + e.frames.len() <= self.cfg.max_bytes;
-            if !batch.is_empty() && !fits {
+            let alone = e.prepacked.is_some() || batch.first().is_some_and(|b| b.prepacked.is_some());
+            if !batch.is_empty() && (!fits || alone) {
                 break;
             }
             frames += e.items.len();
@@ -322,7 +328,13 @@ impl Inner {
                 frames.extend_from_slice(&batch[e].frames[item.frame.clone()]);
                 hashes.push(txn_hash(&item.transaction_id));
             }
-            let blob = compress_frames(&frames, self.cfg.zstd_level);
+            // The client's blob holds exactly these frames only while nothing
+            // has been dropped (merged or refused as a duplicate).
+            let whole = attempts == 1 && batch.len() == 1 && survivors.len() == batch[0].items.len();
+            let blob = match (&batch[0].prepacked, whole) {
+                (Some(blob), true) => blob.clone(),
+                _ => compress_frames(&frames, self.cfg.zstd_level),
+            };
             match self.group.write(&key.0, &key.1, hashes, blob).await? {
                 SegmentWrite::Written { partition_id, base_offset, window } => {
                     window_seen = window;

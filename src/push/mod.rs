@@ -108,6 +108,18 @@ pub async fn push_items(
     items: &[PushItem<'_>],
     producer: Option<&str>,
 ) -> Result<Vec<ItemResult>, Arc<PushError>> {
+    push_items_prepacked(coalescer, items, producer, &[]).await
+}
+
+/// [`push_items`] for a `QPB1` flag-8 body: a partition's items that arrived
+/// as exactly one of `prepacked` (same items, one chunk, nothing stamped)
+/// are stored as the client compressed them, skipping recompression.
+pub async fn push_items_prepacked(
+    coalescer: &Coalescer,
+    items: &[PushItem<'_>],
+    producer: Option<&str>,
+    prepacked: &[crate::log::binary::FramedGroup],
+) -> Result<Vec<ItemResult>, Arc<PushError>> {
     let n = items.len();
     let plan = PushPlan::new(items, producer);
     let PushPlan { groups, txns, message_ids, .. } = &plan;
@@ -116,6 +128,8 @@ pub async fn push_items(
     let cfg = coalescer.config().clone();
     let mut pending = Vec::new();
     for group in groups {
+        let whole = |g: &&crate::log::binary::FramedGroup| group.leaders.iter().copied().eq(g.items.clone());
+        let mut blob = if producer.is_none() { prepacked.iter().find(whole).map(|g| g.blob.clone()) } else { None };
         let mut chunk_items: Vec<EntryItem> = Vec::new();
         let mut chunk_idx: Vec<usize> = Vec::new();
         let mut frames: Vec<u8> = Vec::new();
@@ -124,7 +138,8 @@ pub async fn push_items(
             if !chunk_items.is_empty()
                 && (chunk_items.len() >= cfg.max_frames || frames.len() + frame.encoded_len() > cfg.max_bytes)
             {
-                let rx = coalescer.submit(&group.queue, &group.partition, std::mem::take(&mut chunk_items), std::mem::take(&mut frames));
+                blob = None; // more than one chunk: the client's blob spans them
+                let rx = coalescer.submit(&group.queue, &group.partition, std::mem::take(&mut chunk_items), std::mem::take(&mut frames), None);
                 pending.push((std::mem::take(&mut chunk_idx), rx));
             }
             let start = frames.len();
@@ -133,7 +148,7 @@ pub async fn push_items(
             chunk_idx.push(idx);
         }
         if !chunk_items.is_empty() {
-            let rx = coalescer.submit(&group.queue, &group.partition, chunk_items, frames);
+            let rx = coalescer.submit(&group.queue, &group.partition, chunk_items, frames, blob);
             pending.push((chunk_idx, rx));
         }
     }
