@@ -129,6 +129,9 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let ack = Arc::new(AckService::new(store.pool.clone(), registry));
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
+    if config.pop.hotlist {
+        pop.spawn_reseeder(stop_services.subscribe());
+    }
     pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
     spawn_maintenance(&config, &store.pool, &stop_services);
     spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());

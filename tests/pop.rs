@@ -574,3 +574,30 @@ async fn the_empty_scan_watermark_advances_only_when_the_group_has_nothing_pendi
     b.push_to("wm", "p", &[json!(2)]).await;
     assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.data(), [json!(2)]);
 }
+
+/// A push through another broker is invisible to this broker's rings until a
+/// reseed; idle rings are reseeded in the background (one query for every
+/// due ring), which opens the gate of a long-poll parked here.
+#[tokio::test]
+async fn a_push_through_another_broker_reaches_a_parked_long_poll_through_the_background_reseed() {
+    let here = Broker::start_with(&[("QUEEN_HOTLIST_RESEED_MS", "400")]).await;
+    let c = common::cluster();
+    let there = Broker::spawn(here.db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), c.url(&here.db))]).await;
+    // First contact, so the ring exists and is idle.
+    assert_eq!(here.pop("/api/v1/pop/queue/far?consumerGroup=g").await.status, 204);
+    let parked = {
+        let (http, url) = (here.http.clone(), format!("{}/api/v1/pop/queue/far?consumerGroup=g&wait=true&timeout=8000", here.url));
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = http.get(&url).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.ok(), started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    there.push_to("far", "p", &[json!("from elsewhere")]).await;
+    let (status, body, took) = parked.await.unwrap();
+    assert_eq!(status, 200, "the parked pop was answered");
+    assert_eq!(body.unwrap()["messages"][0]["data"], json!("from elsewhere"));
+    assert!(took < Duration::from_secs(4), "answered by a reseed (~0.4 s), not the deadline: {took:?}");
+}
+

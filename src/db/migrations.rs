@@ -33,6 +33,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(5, "0005_admin.sql"),
     migration!(6, "0006_maintenance.sql"),
     migration!(7, "0007_push_group.sql"),
+    migration!(8, "0008_bulk_reseed.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -18,25 +18,34 @@ use crate::push::coalescer::txn_hash;
 
 const SERVICE: &str = "dedup_purge";
 
-/// One pass over every queue with a window, at most `batch` segments each.
-/// `Ok(true)` when some queue filled its batch.
+/// Queues with a window and at least one segment past their cursor that has
+/// left the window: the work of this tick, found in one statement. Asking
+/// each queue in turn cost one round trip per queue per tick, which with
+/// 10,000 idle queues was most of an idle broker's CPU (docs/PERFORMANCE.md).
+const DUE_QUEUES_SQL: &str = "
+    SELECT q.id, q.dedup_window_seconds, c.at, c.partition_id, c.base_offset
+    FROM queen.queues q
+    LEFT JOIN queen.maintenance_cursors m ON m.queue_id = q.id AND m.service = $1
+    CROSS JOIN LATERAL (SELECT COALESCE(m.at, 'epoch'::timestamptz) AS at, COALESCE(m.partition_id, 0) AS partition_id,
+                               COALESCE(m.base_offset, -1) AS base_offset) c
+    WHERE q.dedup_window_seconds > 0
+      AND EXISTS (SELECT 1 FROM queen.partitions p JOIN queen.segments s ON s.partition_id = p.id
+                  WHERE p.queue_id = q.id
+                    AND s.created_at < now() - make_interval(secs => q.dedup_window_seconds)
+                    AND (s.created_at, s.partition_id, s.base_offset) > (c.at, c.partition_id, c.base_offset))";
+
+/// One pass over every queue with purge work due, at most `batch` segments
+/// each. `Ok(true)` when some queue filled its batch.
 pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
     let client = pool.get().await?;
-    let queues = client
-        .query(
-            "SELECT q.id, q.dedup_window_seconds, COALESCE(m.at, 'epoch'::timestamptz), COALESCE(m.partition_id, 0), COALESCE(m.base_offset, -1)
-             FROM queen.queues q
-             LEFT JOIN queen.maintenance_cursors m ON m.queue_id = q.id AND m.service = $1
-             WHERE q.dedup_window_seconds > 0",
-            &[&SERVICE],
-        )
-        .await?;
+    let due = client.prepare_cached(DUE_QUEUES_SQL).await?;
+    let queues = client.query(&due, &[&SERVICE]).await?;
     let mut more = false;
     for q in queues {
         let (qid, window): (i64, i32) = (q.get(0), q.get(1));
         let cursor: (DateTime<Utc>, i64, i64) = (q.get(2), q.get(3), q.get(4));
-        let segments = client
-            .query(
+        let select = client
+            .prepare_cached(
                 "SELECT s.created_at, s.partition_id, s.base_offset, s.end_offset, s.blob
                  FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id
                  WHERE p.queue_id = $1
@@ -44,9 +53,9 @@ pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
                    AND (s.created_at, s.partition_id, s.base_offset) > ($3, $4, $5)
                  ORDER BY s.created_at, s.partition_id, s.base_offset
                  LIMIT $6",
-                &[&qid, &window, &cursor.0, &cursor.1, &cursor.2, &batch],
             )
             .await?;
+        let segments = client.query(&select, &[&qid, &window, &cursor.0, &cursor.1, &cursor.2, &batch]).await?;
         let Some(last) = segments.last() else { continue };
         let last: (DateTime<Utc>, i64, i64) = (last.get(0), last.get(1), last.get(2));
         more |= segments.len() as i64 >= batch;

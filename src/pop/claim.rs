@@ -48,6 +48,7 @@ const WILDCARD_SQL: &str = "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, 
 const DISCOVER_SQL: &str = "SELECT * FROM queen.pop_discover_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const SPECIFIC_SQL: &str = "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
+const RESEED_MANY_SQL: &str = "SELECT o_ring, o_partition_id, o_partition FROM queen.hotlist_seed_many_v1($1, $2)";
 const PENDING_SQL: &str =
     "SELECT queen.has_pending_v1(q.id, $2) FROM queen.queues q WHERE q.name = $1";
 
@@ -112,6 +113,25 @@ pub async fn pending_partitions(
 ) -> Result<Vec<(i64, String)>, tokio_postgres::Error> {
     let rows = query(client, RESEED_SQL, &[&queue, &group]).await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// [`pending_partitions`] for many rings in one round trip: one list per
+/// (queue, group) of `rings`, in order.
+pub async fn pending_partitions_many(
+    client: &deadpool_postgres::Client,
+    rings: &[(String, String)],
+) -> Result<Vec<Vec<(i64, String)>>, tokio_postgres::Error> {
+    let queues: Vec<&str> = rings.iter().map(|(q, _)| q.as_str()).collect();
+    let groups: Vec<&str> = rings.iter().map(|(_, g)| g.as_str()).collect();
+    let rows = query(client, RESEED_MANY_SQL, &[&queues, &groups]).await?;
+    let mut out = vec![Vec::new(); rings.len()];
+    for r in &rows {
+        let ring = r.get::<_, i32>(0) as usize;
+        if let Some(list) = ring.checked_sub(1).and_then(|i| out.get_mut(i)) {
+            list.push((r.get(1), r.get(2)));
+        }
+    }
+    Ok(out)
 }
 
 /// The cheap probe of the SQL path: `Some(false)` = definitively nothing to

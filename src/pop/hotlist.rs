@@ -65,11 +65,14 @@ type Rings = HashMap<String, HashMap<String, Ring>>;
 pub struct HotList {
     rings: Mutex<Rings>,
     reseed_every: Duration,
+    /// Idle rings are reseeded by the background reseeder
+    /// (`pop::reseeder`), not by the pops parked on them.
+    background: std::sync::atomic::AtomicBool,
 }
 
 impl HotList {
     pub fn new(reseed_every: Duration) -> Arc<HotList> {
-        Arc::new(HotList { rings: Mutex::new(HashMap::new()), reseed_every })
+        Arc::new(HotList { rings: Mutex::new(HashMap::new()), reseed_every, background: Default::default() })
     }
 
     fn with_ring<T>(&self, queue: &str, group: &str, f: impl FnOnce(&mut Ring) -> T) -> Option<T> {
@@ -77,13 +80,27 @@ impl HotList {
         rings.get_mut(queue).and_then(|g| g.get_mut(group)).map(f)
     }
 
+    /// Hands idle rings' reseeds to the background reseeder from now on.
+    pub fn reseed_in_background(&self) {
+        self.background.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether idle rings are reseeded in the background.
+    pub fn background(&self) -> bool {
+        self.background.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Decides what a pop does. A due reseed is handed to exactly one pop (the
     /// clock restarts now), so a herd of parked pops waking together does not
-    /// all go to PostgreSQL for it.
-    pub fn plan(&self, queue: &str, group: &str) -> Plan {
+    /// all go to PostgreSQL for it. With the background reseeder on, a
+    /// long-poll (`waits`) on a ring with nothing ready leaves the reseed to
+    /// it (it joins every other due ring's in one query and opens the gate if
+    /// it finds work); a pop that answers at once still reseeds inline.
+    pub fn plan(&self, queue: &str, group: &str, waits: bool) -> Plan {
+        let defer = waits && self.background();
         self.with_ring(queue, group, |r| {
             let reseed = r.last_reseed.is_none_or(|t| t.elapsed() >= r.period);
-            if reseed {
+            if reseed && !(defer && r.ready.is_empty()) {
                 r.last_reseed = Some(Instant::now());
                 r.period = jittered(self.reseed_every);
                 Plan::Claim { reseed: true }
@@ -103,6 +120,26 @@ impl HotList {
             None => Duration::ZERO,
         })
         .unwrap_or(Duration::ZERO)
+    }
+
+    /// Idle rings (nothing ready) whose reseed is due, at most `max`; their
+    /// clocks restart now, so no pop reseeds them meanwhile.
+    pub fn take_due_idle(&self, max: usize) -> Vec<(String, String)> {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        let mut due = Vec::new();
+        'all: for (queue, groups) in rings.iter_mut() {
+            for (group, r) in groups.iter_mut() {
+                if due.len() >= max {
+                    break 'all;
+                }
+                if r.ready.is_empty() && r.last_reseed.is_none_or(|t| t.elapsed() >= r.period) {
+                    r.last_reseed = Some(Instant::now());
+                    r.period = jittered(self.reseed_every);
+                    due.push((queue.clone(), group.clone()));
+                }
+            }
+        }
+        due
     }
 
     /// Creates the ring after the first SQL pop; its first reseed is due now.
@@ -294,17 +331,17 @@ mod tests {
 
     #[test]
     fn without_a_ring_the_pop_takes_the_sql_path() {
-        assert_eq!(HotList::new(Duration::from_secs(1)).plan("q", "g"), Plan::NoRing);
+        assert_eq!(HotList::new(Duration::from_secs(1)).plan("q", "g", false), Plan::NoRing);
     }
 
     #[test]
     fn a_new_ring_is_reseeded_first_and_an_empty_one_answers_without_sql() {
         let l = HotList::new(Duration::from_secs(3600));
         l.create("q", "g");
-        assert_eq!(l.plan("q", "g"), Plan::Claim { reseed: true });
-        assert_eq!(l.plan("q", "g"), Plan::NothingReady, "only one pop reseeds");
+        assert_eq!(l.plan("q", "g", false), Plan::Claim { reseed: true });
+        assert_eq!(l.plan("q", "g", false), Plan::NothingReady, "only one pop reseeds");
         l.reseed("q", "g", vec![]);
-        assert_eq!(l.plan("q", "g"), Plan::NothingReady);
+        assert_eq!(l.plan("q", "g", false), Plan::NothingReady);
     }
 
     #[test]
@@ -316,7 +353,7 @@ mod tests {
         l.pushed("other", 2, "p2", 1);
         assert_eq!(l.ready_len("q", "g"), 1);
         assert_eq!(l.ready_len("q", "h"), 1);
-        assert_eq!(l.plan("q", "g"), Plan::Claim { reseed: false });
+        assert_eq!(l.plan("q", "g", false), Plan::Claim { reseed: false });
     }
 
     #[test]
@@ -366,12 +403,12 @@ mod tests {
         l.create("q", "h");
         l.create("r", "g");
         l.forget(Some("q"), Some("g"));
-        assert_eq!(l.plan("q", "g"), Plan::NoRing);
-        assert_ne!(l.plan("q", "h"), Plan::NoRing);
+        assert_eq!(l.plan("q", "g", false), Plan::NoRing);
+        assert_ne!(l.plan("q", "h", false), Plan::NoRing);
         l.forget(None, Some("g"));
-        assert_eq!(l.plan("r", "g"), Plan::NoRing);
+        assert_eq!(l.plan("r", "g", false), Plan::NoRing);
         l.forget(Some("q"), None);
-        assert_eq!(l.plan("q", "h"), Plan::NoRing);
+        assert_eq!(l.plan("q", "h", false), Plan::NoRing);
     }
 
     #[test]
@@ -402,5 +439,23 @@ mod tests {
         let (min, max) = (waits.iter().min().unwrap(), waits.iter().max().unwrap());
         assert!(*min >= every.mul_f64(0.74) && *max <= every.mul_f64(1.25), "{min:?}..{max:?}");
         assert!(*max - *min > every / 10, "50 rings spread over only {:?}", *max - *min);
+    }
+
+    #[test]
+    fn with_the_background_reseeder_a_long_poll_leaves_an_idle_rings_reseed_to_it() {
+        let l = HotList::new(Duration::from_secs(3600));
+        l.reseed_in_background();
+        l.create("q", "g");
+        assert_eq!(l.plan("q", "g", true), Plan::NothingReady, "a parked pop does not reseed an idle ring");
+        assert_eq!(l.take_due_idle(10), vec![("q".to_string(), "g".to_string())]);
+        assert!(l.take_due_idle(10).is_empty(), "taken once per period");
+        l.reseed("q", "g", vec![(7, "p".into())]);
+        assert_eq!(l.plan("q", "g", true), Plan::Claim { reseed: false }, "what the reseed found is claimed");
+
+        let m = HotList::new(Duration::from_secs(3600));
+        m.reseed_in_background();
+        m.create("q", "g");
+        assert_eq!(m.plan("q", "g", false), Plan::Claim { reseed: true }, "a pop that answers at once reseeds inline");
+        assert!(m.take_due_idle(10).is_empty());
     }
 }

@@ -13,6 +13,7 @@ pub mod hotlist;
 pub mod min_wait;
 pub mod params;
 pub mod render;
+pub mod reseeder;
 pub mod wake;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,7 +180,10 @@ impl PopService {
             // (listened to before looking, so none is missed) and of anything
             // else only at its reseed: re-checking sooner would find nothing, so
             // such a pop sleeps until the reseed instead of on the backoff.
+            // With the background reseeder, the ring's reseed opens the gate
+            // when it finds something: such a pop sleeps until its deadline.
             let pause = match (ring_idle, route) {
+                (true, _) if self.hotlist.background() => deadline - now,
                 (true, Route::Wildcard { queue }) => self.hotlist.until_reseed(queue, &p.group).max(self.cfg.wait_initial),
                 _ => wake::backoff_interval(attempt, &self.cfg),
             }
@@ -219,7 +223,7 @@ impl PopService {
     async fn attempt(&self, route: &Route, p: &PopParams, worker: &str) -> Result<(ClaimResult, bool), PopError> {
         if let Route::Wildcard { queue } = route {
             if self.cfg.hotlist {
-                return match self.hotlist.plan(queue, &p.group) {
+                return match self.hotlist.plan(queue, &p.group, p.wait) {
                     Plan::NothingReady => Ok((ClaimResult::default(), true)),
                     Plan::Claim { reseed } => Ok((self.claim_from_ring(queue, p, worker, reseed).await?, false)),
                     Plan::NoRing => {
