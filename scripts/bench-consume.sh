@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Consumption and end-to-end latency (docs/PERFORMANCE.md): drain a pre-filled
-# backlog with leased pops + ack/batch and with autoAck, then producers at a
-# fixed rate with long-poll consumers. Durable private cluster, release broker.
+# Consumption and end-to-end latency (docs/PERFORMANCE.md): push at batch 100
+# (the figure issue 7 compares consumption with, measured in the same run),
+# drain a pre-filled backlog with leased pops + ack/batch and with autoAck,
+# then producers at a fixed rate with long-poll consumers. Durable private
+# cluster, release broker.
 MESSAGES=${MESSAGES:-200000}
 E2E_RATE=${E2E_RATE:-20000}
 DURATION=${DURATION:-20}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 start_broker
+echo "== broker: push, batch 100, 10 partitions, 8 clients (the figure consumption is compared with)"
+./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 --duration "$DURATION"
 echo "== broker: consume $MESSAGES messages, 10 partitions, pop batch 500, 4 consumers"
 ./target/release/queen-bench --url "$BROKER_URL" consume --messages "$MESSAGES" --partitions 10 --batch 500 --concurrency 4
 ./target/release/queen-bench --url "$BROKER_URL" consume --messages "$MESSAGES" --partitions 10 --batch 500 --concurrency 4 --auto-ack

@@ -436,14 +436,17 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                     consumed.fetch_add(count_framed(&body), std::sync::atomic::Ordering::Relaxed);
                     continue;
                 }
-                let body: serde_json::Value = r.json().await.expect("pop answer is JSON");
-                let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+                let bytes = r.bytes().await.expect("pop answer");
+                let answer: PopAnswer = serde_json::from_slice(&bytes).expect("pop answer is JSON");
                 if !auto_ack {
-                    let acks: Vec<_> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-                        "status": "completed", "leaseId": m["leaseId"]})).collect();
-                    let _ = client.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": "bench"})).send().await;
+                    let _ = client
+                        .post(format!("{url}/api/v1/ack/batch"))
+                        .header("content-type", "application/json")
+                        .body(ack_body(&answer, "bench"))
+                        .send()
+                        .await;
                 }
-                consumed.fetch_add(msgs.len(), std::sync::atomic::Ordering::Relaxed);
+                consumed.fetch_add(answer.messages.len(), std::sync::atomic::Ordering::Relaxed);
             }
         }));
     }
@@ -528,6 +531,53 @@ fn rss_sampler(url: &str, deadline: Instant) -> tokio::task::JoinHandle<u64> {
     })
 }
 
+/// The fields of a JSON pop answer a consumer uses, borrowed from the body:
+/// the load generator shares the cores with the broker, so it parses no
+/// more than a client must (payloads stay raw).
+#[derive(serde::Deserialize)]
+struct PopAnswer<'a> {
+    #[serde(borrow, default)]
+    messages: Vec<PopMessage<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct PopMessage<'a> {
+    #[serde(rename = "transactionId", borrow)]
+    transaction_id: std::borrow::Cow<'a, str>,
+    #[serde(rename = "partitionId", borrow)]
+    partition_id: std::borrow::Cow<'a, str>,
+    #[serde(rename = "leaseId", borrow, default)]
+    lease_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    data: &'a serde_json::value::RawValue,
+}
+
+/// The `ack/batch` body completing every message of `answer`.
+fn ack_body(answer: &PopAnswer<'_>, group: &str) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Ack<'a> {
+        #[serde(rename = "transactionId")]
+        transaction_id: &'a str,
+        #[serde(rename = "partitionId")]
+        partition_id: &'a str,
+        status: &'static str,
+        #[serde(rename = "leaseId")]
+        lease_id: Option<&'a str>,
+    }
+    #[derive(serde::Serialize)]
+    struct Batch<'a> {
+        acknowledgments: Vec<Ack<'a>>,
+        #[serde(rename = "consumerGroup")]
+        consumer_group: &'a str,
+    }
+    let acknowledgments = answer
+        .messages
+        .iter()
+        .map(|m| Ack { transaction_id: &m.transaction_id, partition_id: &m.partition_id, status: "completed", lease_id: m.lease_id.as_deref() })
+        .collect();
+    serde_json::to_vec(&Batch { acknowledgments, consumer_group: group }).expect("serializable")
+}
+
 /// What a consumer records: delivery latencies and a message count.
 #[derive(Clone)]
 struct Tally {
@@ -546,20 +596,27 @@ async fn long_poll_consumer(url: String, queue: String, group: String, epoch: In
         if r.status().as_u16() != 200 {
             continue;
         }
-        let body: serde_json::Value = r.json().await.expect("pop answer is JSON");
+        let bytes = r.bytes().await.expect("pop answer");
         let now = epoch.elapsed();
-        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+        let answer: PopAnswer = serde_json::from_slice(&bytes).expect("pop answer is JSON");
         {
+            #[derive(serde::Deserialize)]
+            struct Stamp {
+                t: u64,
+            }
             let mut l = tally.latencies.lock().expect("latency lock");
-            for m in &msgs {
-                let sent = Duration::from_micros(m["data"]["t"].as_u64().unwrap_or(0));
-                l.push(now.saturating_sub(sent));
+            for m in &answer.messages {
+                let sent = serde_json::from_str::<Stamp>(m.data.get()).map_or(0, |s| s.t);
+                l.push(now.saturating_sub(Duration::from_micros(sent)));
             }
         }
-        let acks: Vec<_> = msgs.iter().map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"],
-            "status": "completed", "leaseId": m["leaseId"]})).collect();
-        let _ = client.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": group})).send().await;
-        tally.count.fetch_add(msgs.len(), std::sync::atomic::Ordering::Relaxed);
+        let _ = client
+            .post(format!("{url}/api/v1/ack/batch"))
+            .header("content-type", "application/json")
+            .body(ack_body(&answer, &group))
+            .send()
+            .await;
+        tally.count.fetch_add(answer.messages.len(), std::sync::atomic::Ordering::Relaxed);
     }
 }
 
