@@ -416,15 +416,7 @@ mod tests {
             .encode_into(&mut frames);
         let mut z = compress_frames(&frames[..10], 3);
         z.extend(compress_frames(&frames[10..], 3));
-        let mut two = b"QPB1".to_vec();
-        two.push(8);
-        two.extend_from_slice(&1u32.to_le_bytes());
-        put_str16(&mut two, "q");
-        put_str16(&mut two, "p");
-        two.extend_from_slice(&1u32.to_le_bytes());
-        two.extend_from_slice(&(z.len() as u32).to_le_bytes());
-        two.extend_from_slice(&z);
-        let p = parse_push(&two, 1 << 20).unwrap();
+        let p = parse_push(&one_group_push(1, &z), 1 << 20).unwrap();
         assert_eq!(p.items.len(), 1);
         assert!(p.groups.is_empty());
 
@@ -433,15 +425,20 @@ mod tests {
         Frame { message_id: Uuid::now_v7(), trace_id: None, transaction_id: "a", producer_sub: Some("me"), encrypted: false, payload: b"1" }
             .encode_into(&mut stamped);
         let z = compress_frames(&stamped, 3);
-        let mut body = b"QPB1".to_vec();
-        body.push(8);
-        body.extend_from_slice(&1u32.to_le_bytes());
-        put_str16(&mut body, "q");
-        put_str16(&mut body, "p");
-        body.extend_from_slice(&1u32.to_le_bytes());
-        body.extend_from_slice(&(z.len() as u32).to_le_bytes());
-        body.extend_from_slice(&z);
-        assert!(parse_push(&body, 1 << 20).unwrap().groups.is_empty());
+        assert!(parse_push(&one_group_push(1, &z), 1 << 20).unwrap().groups.is_empty());
+    }
+
+    /// A `QPB1` flag-8 body of one group ("q", "p") of `n` frames in `z`.
+    fn one_group_push(n: u32, z: &[u8]) -> Vec<u8> {
+        let mut b = b"QPB1".to_vec();
+        b.push(8);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        put_str16(&mut b, "q");
+        put_str16(&mut b, "p");
+        b.extend_from_slice(&n.to_le_bytes());
+        b.extend_from_slice(&(z.len() as u32).to_le_bytes());
+        b.extend_from_slice(z);
+        b
     }
 
     #[test]

@@ -229,7 +229,7 @@ impl Inner {
                 }
             }
             first = false;
-            let (batch, window) = self.take_batch(&lane);
+            let (mut batch, window) = self.take_batch(&lane);
             if batch.is_empty() {
                 // Re-check under the map lock, which every submit takes first, so
                 // an entry cannot slip in between this check and the removal.
@@ -249,7 +249,9 @@ impl Inner {
                 }
                 continue;
             }
-            match self.write(&lane.key, &batch, window).await {
+            // A prepacked entry travels alone; its blob moves into the write.
+            let prepacked = batch.first_mut().and_then(|e| e.prepacked.take());
+            match self.write(&lane.key, &batch, prepacked, window).await {
                 Ok((outcomes, window)) => {
                     lane.state.lock().expect("lane lock poisoned").window = Some(window);
                     for (entry, outcome) in batch.into_iter().zip(outcomes) {
@@ -294,6 +296,7 @@ impl Inner {
         &self,
         key: &(String, String),
         batch: &[Entry],
+        mut prepacked: Option<Vec<u8>>,
         window: Option<i32>,
     ) -> Result<(Vec<Vec<Outcome>>, i32), Arc<PushError>> {
         // Merge equal transactionIds of different requests in this batch: the
@@ -331,9 +334,9 @@ impl Inner {
             // The client's blob holds exactly these frames only while nothing
             // has been dropped (merged or refused as a duplicate).
             let whole = attempts == 1 && batch.len() == 1 && survivors.len() == batch[0].items.len();
-            let blob = match (&batch[0].prepacked, whole) {
-                (Some(blob), true) => blob.clone(),
-                _ => compress_frames(&frames, self.cfg.zstd_level),
+            let blob = match prepacked.take().filter(|_| whole) {
+                Some(blob) => blob,
+                None => compress_frames(&frames, self.cfg.zstd_level),
             };
             match self.group.write(&key.0, &key.1, hashes, blob).await? {
                 SegmentWrite::Written { partition_id, base_offset, window } => {
