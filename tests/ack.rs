@@ -288,6 +288,10 @@ async fn consume_all(b: &Broker, group: &str, consumers: usize, expected: usize,
                         stopped.insert(pid);
                     }
                 }
+                // Held across the ack, so the ledger's order is the commit
+                // order: a consumer woken by this ack's lease release may
+                // otherwise ack the next batch and record it first.
+                let mut l = ledger.lock().await;
                 let res: Value = http
                     .post(format!("{url}/api/v1/ack/batch"))
                     .json(&json!({"acknowledgments": acks, "consumerGroup": group}))
@@ -297,7 +301,6 @@ async fn consume_all(b: &Broker, group: &str, consumers: usize, expected: usize,
                     .json()
                     .await
                     .unwrap();
-                let mut l = ledger.lock().await;
                 for (a, r) in acks.iter().zip(res.as_array().unwrap()) {
                     if a["status"] == "completed" && r["success"] == true && r["noop"] == false {
                         let txn = a["transactionId"].as_str().unwrap().to_string();
