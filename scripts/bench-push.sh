@@ -6,8 +6,10 @@
 # commit on), a release broker on it, runs queen-bench at batch 1 with
 # CLIENTS1 clients and at batch 100 with CLIENTS100 clients, then pgbench with
 # the same payload size at the same client counts: single-row INSERT commits
-# against batch 1, 100-row INSERT commits against batch 100. Everything on
-# localhost; bounded by DURATION seconds per step.
+# against batch 1, 100-row INSERT commits against batch 100 (run twice: on a
+# default queue, and on one with dedupWindowSeconds 0, which keeps no
+# transaction index). Everything on localhost; bounded by DURATION seconds per
+# step.
 DURATION=${DURATION:-20}
 CLIENTS1=${CLIENTS1:-32}
 CLIENTS100=${CLIENTS100:-8}
@@ -21,6 +23,9 @@ echo "== broker: push, $PARTITIONS partitions, ${PAYLOAD}-byte payloads"
     --concurrency "$CLIENTS1" --duration "$DURATION" --payload-size "$PAYLOAD"
 ./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions "$PARTITIONS" \
     --concurrency "$CLIENTS100" --duration "$DURATION" --payload-size "$PAYLOAD"
+# The same on a queue without a dedup window (no transaction index).
+./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions "$PARTITIONS" \
+    --concurrency "$CLIENTS100" --duration "$DURATION" --payload-size "$PAYLOAD" --dedup-window 0
 stop_broker
 
 echo "== baseline: pgbench on the same PostgreSQL"

@@ -18,6 +18,37 @@ async fn leased_five(b: &Broker, query: &str) -> (String, String) {
     (body["leaseId"].as_str().unwrap().to_string(), body["partitionId"].as_str().unwrap().to_string())
 }
 
+/// The two ways an ack finds its message's offset.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Resolution {
+    /// A default queue: the registry the pop filled, the index behind it.
+    RegistryAndIndex,
+    /// Neither: a queue without a dedup window keeps no index and a 0 MiB
+    /// registry remembers nothing, so acks decode the segments around the
+    /// cursor (migration 0009).
+    Span,
+}
+
+const RESOLUTIONS: [Resolution; 2] = [Resolution::RegistryAndIndex, Resolution::Span];
+
+/// A broker whose queue `q` resolves acks the given way.
+async fn broker_resolving(resolution: Resolution) -> Broker {
+    match resolution {
+        Resolution::RegistryAndIndex => Broker::start().await,
+        Resolution::Span => {
+            let b = Broker::start_with(&[("QUEEN_ACK_REGISTRY_MB", "0")]).await;
+            let (status, _) = b.post("/api/v1/configure", json!({"queue": "q", "options": {"dedupWindowSeconds": 0}})).await;
+            assert_eq!(status, 200);
+            b
+        }
+    }
+}
+
+/// Entries in the transaction index: 0 proves an ack did not use it.
+async fn index_entries(b: &Broker) -> i64 {
+    b.sql().await.query_one("SELECT count(*) FROM queen.txn_index", &[]).await.unwrap().get(0)
+}
+
 fn outcome(r: &Value) -> (bool, Option<&str>) {
     (r["success"].as_bool().unwrap(), r["error"].as_str())
 }
@@ -37,8 +68,11 @@ async fn the_clamping_rules_table() {
         ("a lease-less ack still advances the cursor", vec![("t2", "completed", false)], 2, true, 0, vec![true]),
         ("success is the normalized completed", vec![("t0", "success", true), ("t1", "ok", true), ("t2", "acked", true)], 2, true, 0, vec![true; 3]),
     ];
-    for (name, acks, committed, leased, retries, success) in cases {
-        let b = Broker::start().await;
+    for ((name, acks, committed, leased, retries, success), resolution) in
+        cases.iter().flat_map(|c| RESOLUTIONS.map(|r| (c.clone(), r)))
+    {
+        let name = format!("{name} ({resolution:?})");
+        let b = broker_resolving(resolution).await;
         let (lease, pid) = leased_five(&b, "").await;
         let items: Vec<(&str, &str, &str, Option<&str>)> =
             acks.iter().map(|(t, s, l)| (*t, pid.as_str(), *s, l.then_some(lease.as_str()))).collect();
@@ -55,6 +89,7 @@ async fn the_clamping_rules_table() {
         assert_eq!(c, committed, "{name}: committed");
         assert_eq!(holder.is_some(), leased, "{name}: lease held");
         assert_eq!(rc, retries, "{name}: retry count");
+        assert_eq!(index_entries(&b).await, if resolution == Resolution::Span { 0 } else { 5 }, "{name}");
     }
 }
 
@@ -75,7 +110,13 @@ async fn a_wrong_or_expired_lease_moves_nothing() {
 
 #[tokio::test]
 async fn acks_below_the_cursor_and_unknown_ids_are_reported_as_such() {
-    let b = Broker::start().await;
+    for resolution in RESOLUTIONS {
+        acks_below_the_cursor_and_unknown_ids_resolve(resolution).await;
+    }
+}
+
+async fn acks_below_the_cursor_and_unknown_ids_resolve(resolution: Resolution) {
+    let b = broker_resolving(resolution).await;
     let (lease, pid) = leased_five(&b, "").await;
     b.ack_batch(None, &[("t2", &pid, "completed", Some(&lease))]).await;
     let r = b
@@ -114,6 +155,24 @@ async fn the_single_route_answers_an_array_and_refuses_missing_fields() {
     }
     let (status, answer) = b.post("/api/v1/ack/batch", json!({"consumerGroup": null})).await;
     assert_eq!((status, answer["error"].as_str()), (400, Some("acknowledgments: required, an array")));
+}
+
+#[tokio::test]
+async fn an_id_pushed_twice_to_a_queue_without_window_resolves_to_its_latest_offset() {
+    for resolution in RESOLUTIONS {
+        let b = broker_resolving(resolution).await;
+        b.post("/api/v1/configure", json!({"queue": "q", "options": {"dedupWindowSeconds": 0}})).await;
+        for t in ["t0", "t1", "t0"] {
+            let (status, r) = b.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "p", "payload": t, "transactionId": t}]})).await;
+            assert_eq!((status, r[0]["status"].as_str()), (201, Some("queued")), "{resolution:?}");
+        }
+        let popped = b.pop("/api/v1/pop/queue/q?batch=3").await.body.expect("a batch");
+        let (lease, pid) = (popped["leaseId"].as_str().unwrap(), popped["partitionId"].as_str().unwrap());
+        let r = b.ack_batch(None, &[("t0", pid, "completed", Some(lease))]).await;
+        assert_eq!(outcome(&r[0]), (true, None), "{resolution:?}");
+        assert_eq!(b.cursor(pid, "__QUEUE_MODE__").await, (2, None, 0), "{resolution:?}: offset 2 acked, 0 and 1 implicitly");
+        assert_eq!(index_entries(&b).await, 0, "{resolution:?}");
+    }
 }
 
 #[tokio::test]

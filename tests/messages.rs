@@ -52,7 +52,17 @@ async fn the_dlq_lists_newest_first_with_filters_and_the_full_total() {
 
 #[tokio::test]
 async fn a_message_by_address_shows_its_derived_status() {
+    // A queue without a dedup window keeps no index: found among the newest segments.
+    for window in [None, Some(0)] {
+        a_message_by_address_shows_its_status(window).await;
+    }
+}
+
+async fn a_message_by_address_shows_its_status(window: Option<i64>) {
     let b = Broker::start().await;
+    if let Some(w) = window {
+        b.post("/api/v1/configure", json!({"queue": "s", "options": {"dedupWindowSeconds": w}})).await;
+    }
     let pushed = b.push_to("s", "p", &[json!({"n": 1}), json!({"n": 2})]).await;
     let (pid, txn) = (pushed[0]["partitionId"].as_str().unwrap().to_string(), pushed[0]["transactionId"].as_str().unwrap().to_string());
     let path = format!("/api/v1/messages/{pid}/{txn}");

@@ -1,8 +1,9 @@
 //! The commit path: an ack is an offset commit (API.md §2.3).
 //!
 //! Each transactionId is resolved to its offset (the registry a leased pop
-//! filled, then the transaction index), acks are grouped by (partition,
-//! lease), and each group is applied by one call to `queen.ack_v1`, where the
+//! filled, then the transaction index, then the segments around the group's
+//! cursor: a queue without a dedup window keeps no index), acks are grouped by
+//! (partition, lease), and each group is applied by one call to `queen.ack_v1`, where the
 //! lease check, implicit acks, clamping, the retry budget and the DLQ live.
 //! The broker's part beyond resolution is the DLQ snapshot: only it can
 //! decode the head message out of its segment.
@@ -19,7 +20,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::log::{decompress_frames, FrameReader};
+use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::push::coalescer::txn_hash;
 pub use registry::AckRegistry;
 
@@ -96,6 +97,11 @@ pub const UNRESOLVABLE: &str =
 const ACK_SQL: &str = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
 const INDEX_SQL: &str =
     "SELECT txn_hash, msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = ANY ($2)";
+/// What neither the registry nor the index resolves is looked for in the
+/// segments around the group's cursor (`queen.ack_span_v1`): this many
+/// offsets below it and past it (or up to the leased batch's end).
+const SPAN_SLACK: i32 = 1_000;
+const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
 
@@ -153,7 +159,7 @@ impl AckService {
             groups[g].1.push(i);
         }
         for ((pid, group, lease), idxs) in groups {
-            let offsets = self.resolve(client, pid, &lease, &idxs, items).await?;
+            let offsets = self.resolve(client, pid, &group, &lease, &idxs, items).await?;
             let statuses: Vec<&str> = idxs.iter().map(|&i| items[i].status.as_sql()).collect();
             let errors: Vec<Option<&str>> = idxs.iter().map(|&i| items[i].error.as_deref()).collect();
             let lease_arg: Option<&str> = (!lease.is_empty()).then_some(lease.as_str());
@@ -206,11 +212,12 @@ impl AckService {
     }
 
     /// Offsets of the group's transactionIds: the registry first, then one
-    /// query of the transaction index for the rest.
+    /// query of the transaction index, then the segments around the cursor.
     async fn resolve(
         &self,
         client: &impl deadpool_postgres::GenericClient,
         pid: i64,
+        group: &str,
         lease: &str,
         idxs: &[usize],
         items: &[AckItem],
@@ -229,7 +236,41 @@ impl AckService {
                 }
             }
         }
+        if offsets.iter().any(Option::is_none) {
+            let found = self.resolve_in_span(client, pid, group, idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| items[i].transaction_id.as_str())).await?;
+            for (k, &i) in idxs.iter().enumerate() {
+                if offsets[k].is_none() {
+                    offsets[k] = found.get(items[i].transaction_id.as_str()).copied();
+                }
+            }
+        }
         Ok(offsets)
+    }
+
+    /// Offsets of `txns` among the segments around `group`'s cursor on `pid`
+    /// (exact transactionIds, not hashes). A transactionId pushed twice (a
+    /// queue without window) resolves to its latest offset, as the index did.
+    async fn resolve_in_span<'a>(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        pid: i64,
+        group: &str,
+        txns: impl Iterator<Item = &'a str>,
+    ) -> Result<HashMap<&'a str, i64>, DbError> {
+        let wanted: std::collections::HashSet<&str> = txns.collect();
+        let mut found: HashMap<&str, i64> = HashMap::new();
+        let stmt = client.prepare_cached(SPAN_SQL).await?;
+        for row in client.query(&stmt, &[&pid, &group, &SPAN_SLACK]).await? {
+            let base: i64 = row.get(0);
+            let Ok(frames) = decompress_frames(row.get::<_, &[u8]>(1), SEGMENT_LIMIT) else { continue };
+            for (k, frame) in FrameReader::new(&frames).enumerate() {
+                let Ok(frame) = frame else { break };
+                if let Some(&txn) = wanted.get(frame.transaction_id) {
+                    found.insert(txn, base + k as i64);
+                }
+            }
+        }
+        Ok(found)
     }
 
     async fn snapshot(
@@ -244,7 +285,7 @@ impl AckService {
             let base: i64 = row.get(0);
             snap.created_at = Some(row.get(1));
             let blob: &[u8] = row.get(2);
-            if let Ok(frames) = decompress_frames(blob, 256 << 20) {
+            if let Ok(frames) = decompress_frames(blob, SEGMENT_LIMIT) {
                 if let Some(Ok(f)) = FrameReader::new(&frames).nth((offset - base) as usize) {
                     snap.message_id = Some(f.message_id);
                     snap.transaction_id = Some(f.transaction_id.to_string());

@@ -1,8 +1,9 @@
 //! One message by its address (partitionId, transactionId), the message
 //! listing, and the dead-letter repairs (API.md §2.8).
 //!
-//! A live message is immutable: it is found through the transaction index and
-//! decoded from its segment. Its status is derived, never stored: dead_letter
+//! A live message is immutable: it is found through the transaction index (or,
+//! on a queue without a dedup window, which keeps no index, among the
+//! partition's newest segments) and decoded from its segment. Its status is derived, never stored: dead_letter
 //! when a dead-letter row exists, else from the partition's cursors and
 //! leases (completed when every group committed past it, processing while a
 //! live lease covers it, pending otherwise).
@@ -16,14 +17,15 @@ use uuid::Uuid;
 
 use super::{iso_ms, raw_json};
 use crate::db::DbError;
-use crate::log::{decompress_frames, FrameReader};
+use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::push::coalescer::txn_hash;
 use crate::push::{push_items, Coalescer, Outcome, PushItem};
 
-/// Ceiling on one decompressed segment.
-const SEGMENT_LIMIT: usize = 256 << 20;
 /// Most messages one listing call decodes, whatever the filters.
 const SCAN_CAP: usize = 10_000;
+/// How many of a partition's newest segments a lookup searches when the
+/// index has no entry (a queue without a dedup window keeps none).
+const RECENT_SEGMENTS: i64 = 64;
 
 /// One cursor of the message's partition.
 struct Cursor {
@@ -88,40 +90,54 @@ struct Found {
 }
 
 async fn find(client: &impl GenericClient, pid: i64, txn: &str) -> Result<Option<Found>, DbError> {
-    let Some(row) = client
+    let indexed = client
         .query_opt("SELECT msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = $2", &[&pid, &txn_hash(txn)])
         .await?
-    else {
-        return Ok(None);
+        .map(|row| row.get::<_, i64>(0));
+    let segments = match indexed {
+        Some(offset) => {
+            client
+                .query(
+                    "SELECT base_offset, created_at, blob FROM queen.segments
+                     WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1",
+                    &[&pid, &offset],
+                )
+                .await?
+        }
+        None => {
+            client
+                .query(
+                    "SELECT base_offset, created_at, blob FROM queen.segments
+                     WHERE partition_id = $1 ORDER BY base_offset DESC LIMIT $2",
+                    &[&pid, &RECENT_SEGMENTS],
+                )
+                .await?
+        }
     };
-    let offset: i64 = row.get(0);
-    let Some(seg) = client
-        .query_opt(
-            "SELECT base_offset, created_at, blob FROM queen.segments
-             WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1",
-            &[&pid, &offset],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let base: i64 = seg.get(0);
-    let blob: &[u8] = seg.get(2);
-    let Ok(frames) = decompress_frames(blob, SEGMENT_LIMIT) else { return Ok(None) };
-    let Some(Ok(f)) = FrameReader::new(&frames).nth((offset - base) as usize) else { return Ok(None) };
-    // A 64-bit hash collision must not show another message.
-    if f.transaction_id != txn {
-        return Ok(None);
+    // Newest first; inside a segment the last frame with the id wins (a
+    // queue without window may hold an id twice). Comparing the id itself
+    // keeps a 64-bit hash collision from showing another message.
+    for seg in &segments {
+        let base: i64 = seg.get(0);
+        let Ok(frames) = decompress_frames(seg.get::<_, &[u8]>(2), SEGMENT_LIMIT) else { continue };
+        let hit = FrameReader::new(&frames)
+            .map_while(Result::ok)
+            .enumerate()
+            .filter(|(k, f)| f.transaction_id == txn && indexed.is_none_or(|o| o == base + *k as i64))
+            .last();
+        if let Some((k, f)) = hit {
+            return Ok(Some(Found {
+                offset: base + k as i64,
+                message_id: f.message_id,
+                trace_id: f.trace_id,
+                producer_sub: f.producer_sub.map(str::to_string),
+                payload: String::from_utf8_lossy(f.payload_json()).into_owned(),
+                encrypted: f.encrypted,
+                created_at: seg.get(1),
+            }));
+        }
     }
-    Ok(Some(Found {
-        offset,
-        message_id: f.message_id,
-        trace_id: f.trace_id,
-        producer_sub: f.producer_sub.map(str::to_string),
-        payload: String::from_utf8_lossy(f.payload_json()).into_owned(),
-        encrypted: f.encrypted,
-        created_at: seg.get(1),
-    }))
+    Ok(None)
 }
 
 /// `GET /api/v1/messages/{partitionId}/{transactionId}`; `None` = 404.

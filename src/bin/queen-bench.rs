@@ -45,6 +45,10 @@ enum Scenario {
         /// instead of JSON
         #[arg(long)]
         binary: bool,
+        /// Configure the queue's dedupWindowSeconds first (0: no dedup and no
+        /// transaction index; default: the broker's 3600)
+        #[arg(long)]
+        dedup_window: Option<u32>,
     },
     /// Drain a pre-filled backlog: leased pops + ack/batch (or autoAck)
     Consume {
@@ -140,9 +144,12 @@ enum Scenario {
 async fn main() {
     let cli = Cli::parse();
     match cli.scenario {
-        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary } => {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window } => {
             let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
-            push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, binary)
+            if let Some(window) = dedup_window {
+                configure_window(&cli.url, &queue, window).await;
+            }
+            push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, binary, dedup_window)
                 .await
         }
         Scenario::Wake { trials, park_ms } => wake(&cli.url, trials, Duration::from_millis(park_ms)).await,
@@ -256,8 +263,25 @@ fn qpb1_flag8(queue: &str, partition: &str, batch: usize, payload: &str) -> Vec<
     b
 }
 
+/// Sets `queue`'s dedup window before a run (creating the queue).
+async fn configure_window(url: &str, queue: &str, seconds: u32) {
+    let body = json!({"queue": queue, "options": {"dedupWindowSeconds": seconds}});
+    let r = reqwest::Client::new().post(format!("{url}/api/v1/configure")).json(&body).send().await.expect("broker reachable");
+    assert!(r.status().is_success(), "configure answered {}", r.status());
+}
+
 #[allow(clippy::too_many_arguments)]
-async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurrency: usize, duration: Duration, payload_size: usize, binary: bool) {
+async fn push(
+    url: &str,
+    queue: &str,
+    batch: usize,
+    partitions: usize,
+    concurrency: usize,
+    duration: Duration,
+    payload_size: usize,
+    binary: bool,
+    dedup_window: Option<u32>,
+) {
     let payload = "x".repeat(payload_size.saturating_sub(2));
     let started = Instant::now();
     let deadline = started + duration;
@@ -319,7 +343,8 @@ async fn push(url: &str, queue: &str, batch: usize, partitions: usize, concurren
         "{}",
         json!({"scenario": "push", "body": if binary { "QPB1" } else { "JSON" }, "batch": batch, "partitions": partitions, "concurrency": concurrency,
                "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
-               "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors, "broker_peak_rss_mb": peak_rss_mb})
+               "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors, "broker_peak_rss_mb": peak_rss_mb,
+               "dedup_window": dedup_window})
     );
 }
 

@@ -34,6 +34,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(6, "0006_maintenance.sql"),
     migration!(7, "0007_push_group.sql"),
     migration!(8, "0008_bulk_reseed.sql"),
+    migration!(9, "0009_window0_no_index.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

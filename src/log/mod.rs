@@ -10,4 +10,4 @@ pub mod frame;
 pub mod segment;
 
 pub use frame::{CodecError, Frame, FrameReader};
-pub use segment::{compress_frames, decompress_frames};
+pub use segment::{compress_frames, decompress_frames, SEGMENT_LIMIT};

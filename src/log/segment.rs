@@ -39,6 +39,10 @@ pub fn compress_frames(frames: &[u8], level: i32) -> Vec<u8> {
     })
 }
 
+/// Ceiling on one decompressed stored segment: a reader of stored blobs passes
+/// it to [`decompress_frames`] (incoming bodies have their own, configured bound).
+pub const SEGMENT_LIMIT: usize = 256 << 20;
+
 /// Decompresses a segment, refusing to grow beyond `limit` bytes so that a
 /// hostile or corrupt blob cannot exhaust memory.
 ///

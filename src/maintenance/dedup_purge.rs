@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 
 use crate::db::DbError;
-use crate::log::{decompress_frames, FrameReader};
+use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::push::coalescer::txn_hash;
 
 const SERVICE: &str = "dedup_purge";
@@ -61,7 +61,7 @@ pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
         more |= segments.len() as i64 >= batch;
         for s in &segments {
             let (pid, base, end): (i64, i64, i64) = (s.get(1), s.get(2), s.get(3));
-            let Ok(frames) = decompress_frames(s.get::<_, &[u8]>(4), 256 << 20) else { continue };
+            let Ok(frames) = decompress_frames(s.get::<_, &[u8]>(4), SEGMENT_LIMIT) else { continue };
             let hashes: Vec<i64> = FrameReader::new(&frames).filter_map(Result::ok).map(|f| txn_hash(f.transaction_id)).collect();
             client
                 .execute(

@@ -4,13 +4,10 @@
 
 use std::io::Write;
 
-use crate::log::{decompress_frames, FrameReader};
+use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 
 use super::claim::ClaimedPartition;
 use super::params::PopParams;
-
-/// Ceiling on one decompressed segment.
-const SEGMENT_LIMIT: usize = 256 << 20;
 
 /// A segment blob that no longer decodes: the answer fails rather than
 /// delivering a partial or shifted batch.

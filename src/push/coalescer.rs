@@ -4,7 +4,7 @@
 //! Each (queue, partition) with pending work has a *lane*: a queue of entries
 //! (chunks of requests) and at most one flusher task. The flusher takes as many
 //! entries as fit the frame and byte bounds, compresses them into one segment,
-//! and makes one round trip to `queen.push_segment_v1`. While that write is in
+//! and makes one round trip to `queen.push_segment_v2`. While that write is in
 //! flight new entries pile up behind it and go out together in the next
 //! write, so batching grows with load on its own; an idle lane's first write
 //! also waits up to `hold` for company. Lanes never wait on each other, and a
@@ -27,16 +27,14 @@ use uuid::Uuid;
 use super::group::{original_id, GroupCommitter};
 use crate::config::CoalesceConfig;
 use crate::db::DbError;
-use crate::log::{compress_frames, decompress_frames, FrameReader};
+use crate::log::{compress_frames, decompress_frames, FrameReader, SEGMENT_LIMIT};
 
 /// Number of independent lane maps; a push locks one shard briefly.
 const SHARDS: usize = 16;
 /// Bound on dedup re-tries of one batch (each retry drops at least one item).
 const MAX_ATTEMPTS: usize = 8;
-/// Ceiling on decompressing a stored segment to find a duplicate's id.
-const DUP_LOOKUP_LIMIT: usize = 256 << 20;
 
-pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
+pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v2($1, $2, $3, $4)";
 
 /// One message of an entry, with where its encoded frame sits.
 #[derive(Debug, Clone)]
@@ -373,7 +371,7 @@ impl Inner {
     }
 }
 
-/// What one call to `queen.push_segment_v1` did.
+/// What one call to `queen.push_segment_v2` did.
 #[derive(Debug)]
 pub enum SegmentWrite {
     Written { partition_id: i64, base_offset: i64, window: i32 },
@@ -396,7 +394,7 @@ pub async fn write_segment(
     append_segment(client, queue, partition, hashes, &compress_frames(frames, zstd_level)).await
 }
 
-/// Appends one compressed segment with `queen.push_segment_v1`.
+/// Appends one compressed segment with `queen.push_segment_v2`.
 pub(super) async fn append_segment(
     client: &impl deadpool_postgres::GenericClient,
     queue: &str,
@@ -406,7 +404,7 @@ pub(super) async fn append_segment(
 ) -> Result<SegmentWrite, DbError> {
     let stmt = client.prepare_cached(PUSH_SQL).await?;
     let rows = client.query(&stmt, &[&queue, &partition, &hashes, &blob]).await?;
-    let first = rows.first().ok_or_else(|| DbError::Unexpected("push_segment_v1 returned no row".into()))?;
+    let first = rows.first().ok_or_else(|| DbError::Unexpected("push_segment_v2 returned no row".into()))?;
     let window: i32 = first.get("o_window");
     let partition_id: i64 = first.get("o_partition_id");
     if first.get::<_, Option<i32>>("o_dup_index").is_none() {
@@ -419,7 +417,7 @@ pub(super) async fn append_segment(
 
 /// The message id of frame `index` of a stored segment.
 pub(super) fn message_id_at(blob: &[u8], index: i64) -> Option<Uuid> {
-    let frames = decompress_frames(blob, DUP_LOOKUP_LIMIT).ok()?;
+    let frames = decompress_frames(blob, SEGMENT_LIMIT).ok()?;
     let index = usize::try_from(index).ok()?;
     FrameReader::new(&frames).nth(index)?.ok().map(|f| f.message_id)
 }
