@@ -240,7 +240,7 @@ async fn a_queue_without_dlq_drops_the_exhausted_message() {
 }
 
 #[tokio::test]
-async fn two_leases_in_one_batch_ack_are_applied_per_partition() {
+async fn two_leases_in_one_batch_ack_are_applied_per_partition_in_one_transaction() {
     let b = Broker::start().await;
     b.push_to("two", "a", &[json!("a0"), json!("a1")]).await;
     b.push_to("two", "b", &[json!("b0")]).await;
@@ -256,6 +256,16 @@ async fn two_leases_in_one_batch_ack_are_applied_per_partition() {
     assert!(r.as_array().unwrap().iter().all(|x| x["success"] == true && x["leaseReleased"] == true), "{r}");
     assert_eq!(b.cursor(first["partitionId"].as_str().unwrap(), "__QUEUE_MODE__").await.0, 1);
     assert_eq!(b.cursor(second["partitionId"].as_str().unwrap(), "__QUEUE_MODE__").await.0, 0);
+    // Both cursors moved in one transaction (one commit for the request).
+    let pids: Vec<i64> = [&first, &second].iter().map(|x| x["partitionId"].as_str().unwrap().parse().unwrap()).collect();
+    let writers: i64 = b
+        .sql()
+        .await
+        .query_one("SELECT count(DISTINCT xmin::text) FROM queen.consumers WHERE partition_id = ANY ($1)", &[&pids])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(writers, 1, "one transaction wrote both cursor rows");
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
@@ -101,9 +102,23 @@ const INDEX_SQL: &str =
 /// segments around the group's cursor (`queen.ack_span_v1`): this many
 /// offsets below it and past it (or up to the leased batch's end).
 const SPAN_SLACK: i32 = 1_000;
+/// How often a multi-partition ack transaction is tried when PostgreSQL
+/// breaks a deadlock by aborting it (nothing of it was applied).
+const DEADLOCK_ATTEMPTS: u32 = 3;
 const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
+
+/// The acks of one (partition, group, lease), their offsets resolved:
+/// one `ack_v1` call's worth.
+struct AckGroup {
+    pid: i64,
+    group: String,
+    lease: String,
+    /// Indexes into the request's items, in request order.
+    idxs: Vec<usize>,
+    offsets: Vec<Option<i64>>,
+}
 
 /// The head message of a dead-lettering ack, decoded from its segment.
 #[derive(Debug, Default)]
@@ -130,9 +145,33 @@ impl AckService {
 
     /// Applies acknowledgements; outcomes come back in request order, plus the
     /// leases the acks released.
+    ///
+    /// Acks of several partitions commit together, in one transaction: each
+    /// `ack_v1` call on its own was one commit, one WAL flush, so a batch over
+    /// 50 partitions cost 50 flushes in a row (docs/PERFORMANCE.md, 100,000
+    /// partitions). The cursor rows are locked in partition order (see
+    /// `ack_on`) and pops skip locked rows, so concurrent batches queue rather
+    /// than deadlock; a deadlock with another kind of writer is retried.
     pub async fn ack(&self, items: &[AckItem]) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
-        let client = self.pool.get().await?;
-        self.ack_on(&client, items).await
+        let mut client = self.pool.get().await?;
+        let first = items.first().map(|i| i.partition_id.as_str());
+        if items.iter().all(|i| Some(i.partition_id.as_str()) == first) {
+            return self.ack_on(&client, items).await;
+        }
+        let mut attempt = 1;
+        loop {
+            let tx = client.transaction().await?;
+            match self.ack_on(&tx, items).await {
+                Ok(done) => {
+                    tx.commit().await?;
+                    return Ok(done);
+                }
+                Err(DbError::Pg(e)) if attempt < DEADLOCK_ATTEMPTS && e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) => {
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The same on a caller's connection (transactions run it inside theirs).
@@ -158,27 +197,19 @@ impl AckService {
             });
             groups[g].1.push(i);
         }
+        // Partition order is the lock order of cursor rows (stable: a
+        // partition's groups keep request order).
+        groups.sort_by_key(|((pid, _, _), _)| *pid);
+        let mut resolved = Vec::with_capacity(groups.len());
         for ((pid, group, lease), idxs) in groups {
             let offsets = self.resolve(client, pid, &group, &lease, &idxs, items).await?;
-            let statuses: Vec<&str> = idxs.iter().map(|&i| items[i].status.as_sql()).collect();
-            let errors: Vec<Option<&str>> = idxs.iter().map(|&i| items[i].error.as_deref()).collect();
-            let lease_arg: Option<&str> = (!lease.is_empty()).then_some(lease.as_str());
-            let mut snapshot = Snapshot::default();
-            let rows = loop {
-                let s = &snapshot;
-                let args: [&(dyn ToSql + Sync); 13] = [
-                    &pid, &group, &lease_arg, &offsets, &statuses, &errors, &s.offset, &s.message_id,
-                    &s.transaction_id, &s.trace_id, &s.producer_sub, &s.payload, &s.created_at,
-                ];
-                let stmt = client.prepare_cached(ACK_SQL).await?;
-                let rows = client.query(&stmt, &args).await?;
-                let wants = rows.first().filter(|r| r.get::<_, i32>("o_index") == -1).map(|r| r.get::<_, i64>("o_committed"));
-                match wants {
-                    Some(head) if snapshot.offset != Some(head) => snapshot = self.snapshot(client, pid, head).await?,
-                    Some(_) => return Err(DbError::Unexpected("ack_v1 asked twice for the same snapshot".into())),
-                    None => break rows,
-                }
-            };
+            resolved.push(AckGroup { pid, group, lease, idxs, offsets });
+        }
+        // Every group's ack_v1 goes out at once: pipelined on the connection
+        // (sent in partition order), one round trip for the request instead
+        // of one per partition.
+        let applied = futures_util::future::try_join_all(resolved.iter().map(|g| self.apply(client, g, items))).await?;
+        for (AckGroup { pid, lease, idxs, .. }, rows) in resolved.into_iter().zip(applied) {
             let mut lease_released = false;
             let mut queue: Option<String> = None;
             for row in rows {
@@ -209,6 +240,35 @@ impl AckService {
             }
         }
         Ok((outcomes.into_iter().map(|o| o.expect("every ack has an outcome")).collect(), released))
+    }
+
+    /// One `ack_v1` call for a group, again with the head message's snapshot
+    /// when the call asks for one (a dead-lettering ack).
+    async fn apply(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        g: &AckGroup,
+        items: &[AckItem],
+    ) -> Result<Vec<tokio_postgres::Row>, DbError> {
+        let statuses: Vec<&str> = g.idxs.iter().map(|&i| items[i].status.as_sql()).collect();
+        let errors: Vec<Option<&str>> = g.idxs.iter().map(|&i| items[i].error.as_deref()).collect();
+        let lease_arg: Option<&str> = (!g.lease.is_empty()).then_some(g.lease.as_str());
+        let mut snapshot = Snapshot::default();
+        loop {
+            let s = &snapshot;
+            let args: [&(dyn ToSql + Sync); 13] = [
+                &g.pid, &g.group, &lease_arg, &g.offsets, &statuses, &errors, &s.offset, &s.message_id,
+                &s.transaction_id, &s.trace_id, &s.producer_sub, &s.payload, &s.created_at,
+            ];
+            let stmt = client.prepare_cached(ACK_SQL).await?;
+            let rows = client.query(&stmt, &args).await?;
+            let wants = rows.first().filter(|r| r.get::<_, i32>("o_index") == -1).map(|r| r.get::<_, i64>("o_committed"));
+            match wants {
+                Some(head) if snapshot.offset != Some(head) => snapshot = self.snapshot(client, g.pid, head).await?,
+                Some(_) => return Err(DbError::Unexpected("ack_v1 asked twice for the same snapshot".into())),
+                None => return Ok(rows),
+            }
+        }
     }
 
     /// Offsets of the group's transactionIds: the registry first, then one
