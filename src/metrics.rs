@@ -21,6 +21,10 @@ pub const REQUEST_DURATION: &str = "queen_http_request_duration_seconds";
 pub const SEGMENT_MESSAGES: &str = "queen_segment_messages";
 /// Segments written by one group commit (push path).
 pub const GROUP_SEGMENTS: &str = "queen_push_group_segments";
+/// Ack groups (one partition, group and lease of a request) by how they were
+/// applied: `bulk` (the plain groups of a multi-partition batch, one
+/// statement) or `each` (one `ack_v1` call).
+pub const ACK_GROUPS: &str = "queen_ack_groups_total";
 pub const POOL_CONNECTIONS: &str = "queen_db_pool_connections";
 pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";

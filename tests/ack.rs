@@ -445,3 +445,67 @@ async fn two_groups_under_load_each_see_everything() {
     check_ledger("alpha", &a, TOTAL);
     check_ledger("beta", &c, TOTAL);
 }
+
+#[tokio::test]
+async fn a_batch_over_several_partitions_answers_every_group_by_the_full_rules() {
+    // Plain groups (a live lease, all completed, inside the span) commit in
+    // one bulk statement; the rest fall back to the per-group rules.
+    let b = Broker::start().await;
+    let mut lease = HashMap::new();
+    let mut pid = HashMap::new();
+    for p in ["a", "b", "c", "d"] {
+        let txns: Vec<Value> = (0..3).map(|i| json!({"queue": "mix", "partition": p, "payload": i, "transactionId": format!("{p}{i}")})).collect();
+        assert_eq!(b.post("/api/v1/push", json!({ "items": txns })).await.0, 201);
+        let popped = b.pop(&format!("/api/v1/pop/queue/mix/partition/{p}?batch=3")).await.body.expect("a batch");
+        lease.insert(p, popped["leaseId"].as_str().unwrap().to_string());
+        pid.insert(p, popped["partitionId"].as_str().unwrap().to_string());
+    }
+    let ack = |t: &'static str, p: &'static str, status: &'static str, l: &str| {
+        json!({"transactionId": t, "partitionId": pid[p], "status": status, "error": null, "leaseId": l})
+    };
+    let batch = vec![
+        ack("a0", "a", "completed", &lease["a"]),
+        ack("b0", "b", "completed", &lease["b"]),
+        ack("a2", "a", "completed", &lease["a"]),
+        ack("c0", "c", "completed", &lease["c"]),
+        ack("c1", "c", "failed", &lease["c"]),
+        ack("d0", "d", "completed", "not-the-lease"),
+    ];
+    let (_, r) = b.post("/api/v1/ack/batch", json!({"acknowledgments": batch, "consumerGroup": null})).await;
+    let got: Vec<(bool, Option<&str>, bool)> =
+        r.as_array().unwrap().iter().map(|x| (x["success"].as_bool().unwrap(), x["error"].as_str(), x["leaseReleased"].as_bool().unwrap())).collect();
+    assert_eq!(
+        got,
+        vec![
+            (true, None, true),
+            (true, None, false),
+            (true, None, true),
+            (true, None, true),
+            (true, None, true),
+            (false, Some("invalid or expired lease"), false),
+        ],
+        "{r}"
+    );
+    let q = "__QUEUE_MODE__";
+    assert_eq!(b.cursor(&pid["a"], q).await, (2, None, 0), "a: whole batch, released");
+    assert_eq!(b.cursor(&pid["b"], q).await, (0, Some(lease["b"].clone()), 0), "b: a prefix, lease kept");
+    assert_eq!(b.cursor(&pid["c"], q).await, (0, None, 1), "c: the nack released and charged");
+    assert_eq!(b.cursor(&pid["d"], q).await, (-1, Some(lease["d"].clone()), 0), "d: nothing moved");
+
+    // A retried ack below the cursor is a noop; the rest of b commits.
+    let batch = vec![ack("a1", "a", "completed", &lease["a"]), ack("b1", "b", "completed", &lease["b"]), ack("b2", "b", "completed", &lease["b"])];
+    let (_, r) = b.post("/api/v1/ack/batch", json!({"acknowledgments": batch, "consumerGroup": null})).await;
+    let got: Vec<(bool, bool, bool)> =
+        r.as_array().unwrap().iter().map(|x| (x["success"].as_bool().unwrap(), x["noop"].as_bool().unwrap(), x["leaseReleased"].as_bool().unwrap())).collect();
+    assert_eq!(got, vec![(true, true, false), (true, false, true), (true, false, true)], "{r}");
+    assert_eq!(b.cursor(&pid["b"], q).await, (2, None, 0));
+
+    // In bulk: a and b, then b's rest. One by one: c (a nack), d (its lease
+    // did not match, so the bulk call left it), then a's noop.
+    let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
+    let groups = |path: &str| -> f64 {
+        let prefix = format!("queen_ack_groups_total{{path=\"{path}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+    };
+    assert_eq!((groups("bulk"), groups("each")), (3.0, 3.0), "{text}");
+}

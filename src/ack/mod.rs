@@ -105,6 +105,9 @@ const SPAN_SLACK: i32 = 1_000;
 /// How often a multi-partition ack transaction is tried when PostgreSQL
 /// breaks a deadlock by aborting it (nothing of it was applied).
 const DEADLOCK_ATTEMPTS: u32 = 3;
+const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v1($1, $2, $3, $4, $5)";
+/// Fewest plain groups worth a bulk call (for one, ack_v1 costs the same).
+const PLAIN_MIN_GROUPS: usize = 2;
 const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
@@ -205,32 +208,57 @@ impl AckService {
             let offsets = self.resolve(client, pid, &group, &lease, &idxs, items).await?;
             resolved.push(AckGroup { pid, group, lease, idxs, offsets });
         }
-        // Every group's ack_v1 goes out at once: pipelined on the connection
-        // (sent in partition order), one round trip for the request instead
-        // of one per partition.
-        let applied = futures_util::future::try_join_all(resolved.iter().map(|g| self.apply(client, g, items))).await?;
-        for (AckGroup { pid, lease, idxs, .. }, rows) in resolved.into_iter().zip(applied) {
-            let mut lease_released = false;
-            let mut queue: Option<String> = None;
-            for row in rows {
-                let k = row.get::<_, i32>("o_index") as usize;
-                let i = idxs[k];
-                let o = AckOutcome {
-                    index: i,
-                    transaction_id: items[i].transaction_id.clone(),
-                    success: row.get("o_success"),
-                    error: row.get("o_error"),
-                    lease_released: row.get("o_lease_released"),
-                    dlq: row.get("o_dlq"),
-                    noop: row.get("o_noop"),
-                    queue: row.get("o_queue"),
-                };
-                lease_released |= o.lease_released;
-                if queue.is_none() {
-                    queue = o.queue.clone();
+        // Plain groups of a multi-partition batch commit in one statement;
+        // every other group (and a plain one it did not apply) goes through
+        // ack_v1, all at once: pipelined on the connection, sent in partition
+        // order, one round trip instead of one per partition.
+        let mut plain = self.apply_plain(client, &resolved, items).await?;
+        let full: Vec<&AckGroup> = resolved.iter().enumerate().filter(|(k, _)| !plain.contains_key(k)).map(|(_, g)| g).collect();
+        metrics::counter!(crate::metrics::ACK_GROUPS, "path" => "bulk").increment(plain.len() as u64);
+        metrics::counter!(crate::metrics::ACK_GROUPS, "path" => "each").increment(full.len() as u64);
+        let mut applied = futures_util::future::try_join_all(full.into_iter().map(|g| self.apply(client, g, items))).await?.into_iter();
+        for (k, AckGroup { pid, lease, idxs, .. }) in resolved.into_iter().enumerate() {
+            let (lease_released, queue) = match plain.remove(&k) {
+                Some((lease_released, queue)) => {
+                    for &i in &idxs {
+                        let o = AckOutcome {
+                            index: i,
+                            transaction_id: items[i].transaction_id.clone(),
+                            success: true,
+                            error: None,
+                            lease_released,
+                            dlq: false,
+                            noop: false,
+                            queue: queue.clone(),
+                        };
+                        outcomes[i] = Some(o);
+                    }
+                    (lease_released, queue)
                 }
-                outcomes[i] = Some(o);
-            }
+                None => {
+                    let rows = applied.next().expect("one ack_v1 answer per group not applied in bulk");
+                    let (mut lease_released, mut queue) = (false, None::<String>);
+                    for row in rows {
+                        let i = idxs[row.get::<_, i32>("o_index") as usize];
+                        let o = AckOutcome {
+                            index: i,
+                            transaction_id: items[i].transaction_id.clone(),
+                            success: row.get("o_success"),
+                            error: row.get("o_error"),
+                            lease_released: row.get("o_lease_released"),
+                            dlq: row.get("o_dlq"),
+                            noop: row.get("o_noop"),
+                            queue: row.get("o_queue"),
+                        };
+                        lease_released |= o.lease_released;
+                        if queue.is_none() {
+                            queue = o.queue.clone();
+                        }
+                        outcomes[i] = Some(o);
+                    }
+                    (lease_released, queue)
+                }
+            };
             if lease_released {
                 // The lease this group named, or whichever the row held.
                 if !lease.is_empty() {
@@ -240,6 +268,45 @@ impl AckService {
             }
         }
         Ok((outcomes.into_iter().map(|o| o.expect("every ack has an outcome")).collect(), released))
+    }
+
+    /// The plain groups (a lease, every item completed and resolved) of a
+    /// batch naming several partitions, applied by one
+    /// `queen.ack_completed_many_v1` call per consumer group: by index into
+    /// `groups`, whether the lease was released and the queue. Groups the
+    /// call leaves out were not touched (ack_v1 answers them).
+    async fn apply_plain(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        groups: &[AckGroup],
+        items: &[AckItem],
+    ) -> Result<HashMap<usize, (bool, Option<String>)>, DbError> {
+        let mut by_group: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (k, g) in groups.iter().enumerate() {
+            let plain = !g.lease.is_empty()
+                && g.idxs.iter().all(|&i| items[i].status == AckStatus::Completed)
+                && g.offsets.iter().all(Option::is_some);
+            if plain {
+                by_group.entry(g.group.as_str()).or_default().push(k);
+            }
+        }
+        let mut done = HashMap::new();
+        for (group, ks) in by_group.into_iter().filter(|(_, ks)| ks.len() >= PLAIN_MIN_GROUPS) {
+            let pids: Vec<i64> = ks.iter().map(|&k| groups[k].pid).collect();
+            let leases: Vec<&str> = ks.iter().map(|&k| groups[k].lease.as_str()).collect();
+            let span = |k: usize| {
+                let offsets = groups[k].offsets.iter().flatten();
+                (offsets.clone().min().copied().unwrap_or(-1), offsets.max().copied().unwrap_or(-1))
+            };
+            let (lows, highs): (Vec<i64>, Vec<i64>) = ks.iter().map(|&k| span(k)).unzip();
+            let stmt = client.prepare_cached(PLAIN_SQL).await?;
+            for row in client.query(&stmt, &[&group, &pids, &leases, &lows, &highs]).await? {
+                let ord = row.get::<_, i32>(0) as usize;
+                let k = *ks.get(ord.wrapping_sub(1)).ok_or_else(|| DbError::Unexpected("ack_completed_many_v1 named a group it was not given".into()))?;
+                done.insert(k, (row.get(1), row.get(2)));
+            }
+        }
+        Ok(done)
     }
 
     /// One `ack_v1` call for a group, again with the head message's snapshot

@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(7, "0007_push_group.sql"),
     migration!(8, "0008_bulk_reseed.sql"),
     migration!(9, "0009_window0_no_index.sql"),
+    migration!(10, "0010_ack_many.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.
