@@ -36,6 +36,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(8, "0008_bulk_reseed.sql"),
     migration!(9, "0009_window0_no_index.sql"),
     migration!(10, "0010_ack_many.sql"),
+    migration!(11, "0011_pop_plain_claim.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

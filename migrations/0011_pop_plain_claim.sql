@@ -1,0 +1,134 @@
+-- The common claim of a multi-partition pop in three statements per
+-- partition.
+--
+-- During a 60,000-partition drain (ten messages per partition, pops of 500
+-- over up to 50 partitions) pop_list_v1 and pop_claim_v1 cost PostgreSQL
+-- ~80 µs per claimed partition (track_functions: 23 µs in the list loop, 56
+-- in the claim): a function call and six statements each. pop_list_v2 reads
+-- every candidate's partition and queue in one statement and claims the
+-- plain case itself: the queue gates nothing (no windowBuffer, no
+-- delayedProcessing), the group's cursor row exists and is free, and the
+-- segment holding the next message is there. Then one locking read of the
+-- cursor, one read of the segments to deliver (from the one covering the
+-- next offset, as far as the budget reaches), one update: pop_claim_v1's
+-- rules for that case exactly (the lease or the auto-ack commit, the attempt
+-- telemetry). Anything else (a busy or missing row, an empty partition, a
+-- gated queue, a head segment gone to retention) goes to pop_claim_v1 as
+-- before, so every verdict keeps one home.
+--
+-- Same arguments and rows as pop_list_v1.
+CREATE FUNCTION queen.pop_list_v2(
+    p_pids           bigint[],
+    p_group          text,
+    p_worker         text,
+    p_lease_seconds  integer,
+    p_auto_ack       boolean,
+    p_budget         integer,
+    p_max_partitions integer,
+    p_intent_mode    text,
+    p_intent_from    timestamptz)
+RETURNS SETOF queen.pop_row
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now        timestamptz := clock_timestamp();
+    v_left       integer := p_budget;
+    v_claimed    integer := 0;
+    v_committed  bigint;
+    v_wanted     bigint;
+    v_first      bigint;
+    v_end        bigint;
+    v_take       integer;
+    v_attempt    integer;
+    v_plain      boolean;
+    v_rows       queen.pop_row[];
+    k            record;
+    s            record;
+    r            record;
+    v_row        queen.pop_row;
+BEGIN
+    FOR k IN
+        SELECT u.pid, p.name AS pname, q.name AS qname, p.last_offset,
+               COALESCE(q.window_buffer = 0 AND q.delayed_processing = 0, false) AS ungated,
+               COALESCE(NULLIF(GREATEST(p_lease_seconds, 0), 0), q.lease_time, 60) AS lease
+        FROM unnest(COALESCE(p_pids, '{}')) WITH ORDINALITY AS u (pid, ord)
+        LEFT JOIN queen.partitions p ON p.id = u.pid  -- a vanished partition: pop_claim_v1 says 'empty'
+        LEFT JOIN queen.queues q ON q.id = p.queue_id
+        ORDER BY u.ord
+    LOOP
+        EXIT WHEN v_left <= 0 OR (p_max_partitions > 0 AND v_claimed >= p_max_partitions);
+        v_plain := false;
+        IF k.ungated THEN
+            SELECT c.committed INTO v_committed FROM queen.consumers c
+            WHERE c.partition_id = k.pid AND c.consumer_group = p_group
+              AND (c.worker_id IS NULL OR c.lease_expires_at IS NULL OR c.lease_expires_at < v_now)
+            FOR UPDATE SKIP LOCKED;
+            v_plain := FOUND AND k.last_offset > v_committed;
+        END IF;
+        IF v_plain THEN
+            -- The segments from the one covering the next offset to the budget.
+            v_wanted := v_committed + 1;
+            v_first := NULL;
+            v_rows := '{}';
+            FOR s IN
+                SELECT g.base_offset, g.end_offset, g.msg_count, g.created_at, g.blob FROM queen.segments g
+                WHERE g.partition_id = k.pid AND g.base_offset <= v_wanted + v_left - 1
+                  AND g.base_offset >= (SELECT h.base_offset FROM queen.segments h
+                                        WHERE h.partition_id = k.pid AND h.base_offset <= v_wanted
+                                        ORDER BY h.base_offset DESC LIMIT 1)
+                ORDER BY g.base_offset
+            LOOP
+                IF v_first IS NULL AND s.end_offset < v_wanted THEN
+                    EXIT; -- the next offset is in no segment: pop_claim_v1 decides
+                END IF;
+                v_take := (LEAST(s.end_offset, v_wanted + v_left - 1) - GREATEST(s.base_offset, v_wanted) + 1)::integer;
+                v_first := COALESCE(v_first, v_wanted);
+                v_end := GREATEST(s.base_offset, v_wanted) + v_take - 1;
+                v_rows := v_rows || ROW(k.pid, k.pname, k.qname, 'segment', s.base_offset,
+                    GREATEST(v_wanted - s.base_offset, 0)::integer, v_take, s.created_at, s.blob,
+                    NULL, NULL, NULL, s.msg_count)::queen.pop_row;
+            END LOOP;
+            v_plain := v_first IS NOT NULL;
+        END IF;
+        IF v_plain THEN
+            IF p_auto_ack THEN
+                UPDATE queen.consumers c SET
+                    committed = v_end, worker_id = NULL, lease_expires_at = NULL, lease_acquired_at = NULL,
+                    batch_end = NULL, total_consumed = c.total_consumed + (v_end - v_first + 1),
+                    last_consumed_at = v_now
+                WHERE c.partition_id = k.pid AND c.consumer_group = p_group;
+                v_attempt := 1;
+            ELSE
+                UPDATE queen.consumers c SET
+                    worker_id = p_worker,
+                    lease_expires_at = v_now + make_interval(secs => k.lease),
+                    lease_acquired_at = v_now,
+                    batch_end = v_end,
+                    attempt_count = CASE WHEN c.attempt_offset IS NOT DISTINCT FROM v_first
+                                         THEN c.attempt_count + 1 ELSE 1 END,
+                    attempt_offset = v_first
+                WHERE c.partition_id = k.pid AND c.consumer_group = p_group
+                RETURNING c.attempt_count INTO v_attempt;
+            END IF;
+            RETURN QUERY SELECT * FROM unnest(v_rows);
+            v_row := (k.pid, k.pname, k.qname, 'claimed', NULL, NULL, NULL, NULL, NULL,
+                      v_first, v_end, v_attempt, NULL);
+            RETURN NEXT v_row;
+            v_claimed := v_claimed + 1;
+            v_left := v_left - (v_end - v_first + 1)::integer;
+            CONTINUE;
+        END IF;
+        -- Everything else: the full claim (it re-reads the row this
+        -- transaction may already hold; same transaction, no wait).
+        FOR r IN SELECT * FROM queen.pop_claim_v1(k.pid, p_group, p_worker, p_lease_seconds, p_auto_ack,
+                                                   v_left, p_intent_mode, p_intent_from) LOOP
+            v_row := (k.pid, k.pname, k.qname, r.o_kind, r.o_base_offset, r.o_start_idx, r.o_take,
+                      r.o_created_at, r.o_blob, r.o_first, r.o_last, r.o_attempt, r.o_msg_count);
+            RETURN NEXT v_row;
+            IF r.o_kind = 'claimed' THEN
+                v_claimed := v_claimed + 1;
+                v_left := v_left - (r.o_last - r.o_first + 1)::integer;
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$$;
