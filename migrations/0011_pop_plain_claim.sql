@@ -12,9 +12,10 @@
 -- cursor, one read of the segments to deliver (from the one covering the
 -- next offset, as far as the budget reaches), one update: pop_claim_v1's
 -- rules for that case exactly (the lease or the auto-ack commit, the attempt
--- telemetry). Anything else (a busy or missing row, an empty partition, a
--- gated queue, a head segment gone to retention) goes to pop_claim_v1 as
--- before, so every verdict keeps one home.
+-- telemetry). A cursor row that exists but is leased or locked answers
+-- 'busy', as pop_claim_v1 would. Anything else (a missing row, an empty
+-- partition, a gated queue, a head segment gone to retention) goes to
+-- pop_claim_v1 as before.
 --
 -- Same arguments and rows as pop_list_v1.
 CREATE FUNCTION queen.pop_list_v2(
@@ -40,7 +41,6 @@ DECLARE
     v_take       integer;
     v_attempt    integer;
     v_plain      boolean;
-    v_rows       queen.pop_row[];
     k            record;
     s            record;
     r            record;
@@ -62,13 +62,23 @@ BEGIN
             WHERE c.partition_id = k.pid AND c.consumer_group = p_group
               AND (c.worker_id IS NULL OR c.lease_expires_at IS NULL OR c.lease_expires_at < v_now)
             FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                -- Leased, or locked by a concurrent pop: pop_claim_v1's
+                -- 'busy', said without a second lock attempt (under load
+                -- most misses are this). A missing row goes to pop_claim_v1.
+                PERFORM 1 FROM queen.consumers c WHERE c.partition_id = k.pid AND c.consumer_group = p_group;
+                IF FOUND THEN
+                    v_row := (k.pid, k.pname, k.qname, 'busy', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+                    RETURN NEXT v_row;
+                    CONTINUE;
+                END IF;
+            END IF;
             v_plain := FOUND AND k.last_offset > v_committed;
         END IF;
         IF v_plain THEN
             -- The segments from the one covering the next offset to the budget.
             v_wanted := v_committed + 1;
             v_first := NULL;
-            v_rows := '{}';
             FOR s IN
                 SELECT g.base_offset, g.end_offset, g.msg_count, g.created_at, g.blob FROM queen.segments g
                 WHERE g.partition_id = k.pid AND g.base_offset <= v_wanted + v_left - 1
@@ -78,14 +88,15 @@ BEGIN
                 ORDER BY g.base_offset
             LOOP
                 IF v_first IS NULL AND s.end_offset < v_wanted THEN
-                    EXIT; -- the next offset is in no segment: pop_claim_v1 decides
+                    EXIT; -- the next offset is in no segment (nothing emitted yet): pop_claim_v1 decides
                 END IF;
                 v_take := (LEAST(s.end_offset, v_wanted + v_left - 1) - GREATEST(s.base_offset, v_wanted) + 1)::integer;
                 v_first := COALESCE(v_first, v_wanted);
                 v_end := GREATEST(s.base_offset, v_wanted) + v_take - 1;
-                v_rows := v_rows || ROW(k.pid, k.pname, k.qname, 'segment', s.base_offset,
-                    GREATEST(v_wanted - s.base_offset, 0)::integer, v_take, s.created_at, s.blob,
-                    NULL, NULL, NULL, s.msg_count)::queen.pop_row;
+                v_row := (k.pid, k.pname, k.qname, 'segment', s.base_offset,
+                          GREATEST(v_wanted - s.base_offset, 0)::integer, v_take, s.created_at, s.blob,
+                          NULL, NULL, NULL, s.msg_count);
+                RETURN NEXT v_row; -- rows go out when the function ends, after the update
             END LOOP;
             v_plain := v_first IS NOT NULL;
         END IF;
@@ -109,7 +120,6 @@ BEGIN
                 WHERE c.partition_id = k.pid AND c.consumer_group = p_group
                 RETURNING c.attempt_count INTO v_attempt;
             END IF;
-            RETURN QUERY SELECT * FROM unnest(v_rows);
             v_row := (k.pid, k.pname, k.qname, 'claimed', NULL, NULL, NULL, NULL, NULL,
                       v_first, v_end, v_attempt, NULL);
             RETURN NEXT v_row;

@@ -1,7 +1,8 @@
 # Sourced by the bench scripts: a private, durable PostgreSQL cluster
 # (default settings: fsync and synchronous commit on) on a unix socket, and a
 # release broker on it. PG_EXTRA adds server options (e.g. the embedded
-# cluster's tuning, to measure it). Everything stays on localhost; cleanup
+# cluster's tuning, to measure it); QUEEN_BIN runs another broker build (an
+# A/B against a copy of an earlier one). Everything stays on localhost; cleanup
 # runs on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -22,7 +23,7 @@ PSQL=("$BIN/psql" -q -h "$DIR" -p 5499 -U postgres -d postgres)
 
 start_broker() {
     QUEEN_DATABASE_URL="host=$DIR port=5499 user=postgres dbname=postgres" HOST=127.0.0.1 PORT=6690 \
-        LOG_LEVEL=warn ./target/release/queen serve &
+        LOG_LEVEL=warn "${QUEEN_BIN:-./target/release/queen}" serve &
     BROKER_PID=$!
     for _ in $(seq 1 100); do curl -sf "$BROKER_URL/health" >/dev/null && return 0; sleep 0.1; done
     echo "broker did not start" >&2

@@ -3,8 +3,11 @@
 //! Each transactionId is resolved to its offset (the registry a leased pop
 //! filled, then the transaction index, then the segments around the group's
 //! cursor: a queue without a dedup window keeps no index), acks are grouped by
-//! (partition, lease), and each group is applied by one call to `queen.ack_v1`, where the
-//! lease check, implicit acks, clamping, the retry budget and the DLQ live.
+//! (partition, lease), and each group is applied by one call to `queen.ack_v1`,
+//! where the lease check, implicit acks, clamping, the retry budget and the
+//! DLQ live; only the plain groups of a batch naming several partitions (a
+//! live lease, every item completed) are applied together by
+//! `queen.ack_completed_many_v1`, which implements that one case of the rules.
 //! The broker's part beyond resolution is the DLQ snapshot: only it can
 //! decode the head message out of its segment.
 
