@@ -216,10 +216,12 @@ impl AckService {
         // ack_v1, all at once: pipelined on the connection, sent in partition
         // order, one round trip instead of one per partition.
         let mut plain = self.apply_plain(client, &resolved, items).await?;
-        let full: Vec<&AckGroup> = resolved.iter().enumerate().filter(|(k, _)| !plain.contains_key(k)).map(|(_, g)| g).collect();
+        let full: Vec<&AckGroup> =
+            resolved.iter().enumerate().filter(|(k, _)| !plain.contains_key(k)).map(|(_, g)| g).collect();
         metrics::counter!(crate::metrics::ACK_GROUPS, "path" => "bulk").increment(plain.len() as u64);
         metrics::counter!(crate::metrics::ACK_GROUPS, "path" => "each").increment(full.len() as u64);
-        let mut applied = futures_util::future::try_join_all(full.into_iter().map(|g| self.apply(client, g, items))).await?.into_iter();
+        let mut applied =
+            futures_util::future::try_join_all(full.into_iter().map(|g| self.apply(client, g, items))).await?.into_iter();
         for (k, AckGroup { pid, lease, idxs, .. }) in resolved.into_iter().enumerate() {
             let (lease_released, queue) = match plain.remove(&k) {
                 Some((lease_released, queue)) => {
@@ -305,7 +307,9 @@ impl AckService {
             let stmt = client.prepare_cached(PLAIN_SQL).await?;
             for row in client.query(&stmt, &[&group, &pids, &leases, &lows, &highs]).await? {
                 let ord = row.get::<_, i32>(0) as usize;
-                let k = *ks.get(ord.wrapping_sub(1)).ok_or_else(|| DbError::Unexpected("ack_completed_many_v1 named a group it was not given".into()))?;
+                let k = *ks
+                    .get(ord.wrapping_sub(1))
+                    .ok_or_else(|| DbError::Unexpected("ack_completed_many_v1 named a group it was not given".into()))?;
                 done.insert(k, (row.get(1), row.get(2)));
             }
         }
@@ -367,7 +371,8 @@ impl AckService {
             }
         }
         if offsets.iter().any(Option::is_none) {
-            let found = self.resolve_in_span(client, pid, group, idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| items[i].transaction_id.as_str())).await?;
+            let unresolved = idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| items[i].transaction_id.as_str());
+            let found = self.resolve_in_span(client, pid, group, unresolved).await?;
             for (k, &i) in idxs.iter().enumerate() {
                 if offsets[k].is_none() {
                     offsets[k] = found.get(items[i].transaction_id.as_str()).copied();

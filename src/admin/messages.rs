@@ -3,10 +3,10 @@
 //!
 //! A live message is immutable: it is found through the transaction index (or,
 //! on a queue without a dedup window, which keeps no index, among the
-//! partition's newest segments) and decoded from its segment. Its status is derived, never stored: dead_letter
-//! when a dead-letter row exists, else from the partition's cursors and
-//! leases (completed when every group committed past it, processing while a
-//! live lease covers it, pending otherwise).
+//! partition's newest segments) and decoded from its segment. Its status is
+//! derived, never stored: dead_letter when a dead-letter row exists, else from
+//! the partition's cursors and leases (completed when every group committed
+//! past it, processing while a live lease covers it, pending otherwise).
 
 use std::collections::HashMap;
 
