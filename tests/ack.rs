@@ -49,6 +49,9 @@ async fn index_entries(b: &Broker) -> i64 {
     b.sql().await.query_one("SELECT count(*) FROM queen.txn_index", &[]).await.unwrap().get(0)
 }
 
+const UNRESOLVABLE: &str =
+    "unresolvable: transaction not in the ack window (hash purged or never pushed); if leased, the message redelivers";
+
 fn outcome(r: &Value) -> (bool, Option<&str>) {
     (r["success"].as_bool().unwrap(), r["error"].as_str())
 }
@@ -127,7 +130,7 @@ async fn acks_below_the_cursor_and_unknown_ids_resolve(resolution: Resolution) {
     assert_eq!(outcome(&r[1]), (false, Some("already committed: the cursor moved past this message before this ack")));
     assert_eq!(
         outcome(&r[2]),
-        (false, Some("unresolvable: transaction not in the ack window (hash purged or never pushed); if leased, the message redelivers"))
+        (false, Some(UNRESOLVABLE))
     );
     let r = b.ack_batch(None, &[("t0", "not-a-partition", "completed", None)]).await;
     assert_eq!(r[0]["success"], false);
@@ -508,4 +511,25 @@ async fn a_batch_over_several_partitions_answers_every_group_by_the_full_rules()
         text.lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
     };
     assert_eq!((groups("bulk"), groups("each")), (3.0, 3.0), "{text}");
+}
+
+#[tokio::test]
+async fn without_index_or_registry_an_ack_resolves_within_a_thousand_offsets_of_the_cursor() {
+    // The bound of queen.ack_span_v1 (docs/DECISIONS.md): from the segment
+    // covering committed + 1 - 1000 to committed + 1000 (or the batch end).
+    let b = broker_resolving(Resolution::Span).await;
+    let txns = |r: std::ops::Range<usize>| -> Vec<Value> {
+        r.map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect()
+    };
+    for range in [0..200, 200..1500] {
+        assert_eq!(b.post("/api/v1/push", json!({ "items": txns(range) })).await.0, 201);
+    }
+    let popped = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("a message");
+    let pid = popped["partitionId"].as_str().unwrap().to_string();
+    b.commit_cursor(pid.parse().unwrap(), "__QUEUE_MODE__", 1199).await;
+    let r = b.ack_batch(None, &[("t199", &pid, "completed", None), ("t200", &pid, "completed", None), ("t1499", &pid, "completed", None)]).await;
+    assert_eq!(outcome(&r[0]), (false, Some(UNRESOLVABLE)), "t199: its segment ends below the span");
+    assert_eq!((outcome(&r[1]), r[1]["noop"].as_bool()), ((true, None), Some(true)), "t200: below the cursor, inside the span");
+    assert_eq!(outcome(&r[2]), (true, None), "t1499: a lease-less ack past the cursor");
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await.0, 1499);
 }
