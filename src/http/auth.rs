@@ -10,9 +10,8 @@
 
 use std::collections::HashSet;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -140,34 +139,34 @@ fn roles_of(claims: &Value, cfg: &AuthConfig) -> HashSet<String> {
 }
 
 /// The middleware: lets public and skipped paths through, checks the rest.
-pub async fn check(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+pub fn check(state: &AppState, req: &mut Request) -> Result<(), Response> {
     let cfg = &state.config.auth;
     if !cfg.enabled {
-        return next.run(req).await;
+        return Ok(());
     }
     let path = req.uri().path().to_string();
     let need = level(req.method(), &path);
     if need == Level::Public || cfg.skip_paths.iter().any(|p| p == &path) {
-        return next.run(req).await;
+        return Ok(());
     }
     let Some(raw) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
-        return deny(StatusCode::UNAUTHORIZED, "Authentication required");
+        return Err(deny(StatusCode::UNAUTHORIZED, "Authentication required"));
     };
     // A raw token without the `Bearer ` prefix is accepted too.
     let token = raw.strip_prefix("Bearer ").or_else(|| raw.strip_prefix("bearer ")).unwrap_or(raw).trim();
     if token.is_empty() {
-        return deny(StatusCode::UNAUTHORIZED, "Authentication required");
+        return Err(deny(StatusCode::UNAUTHORIZED, "Authentication required"));
     }
     let claims = match verify(token, cfg) {
         Ok(c) => c,
-        Err(reason) => return deny(StatusCode::UNAUTHORIZED, &reason),
+        Err(reason) => return Err(deny(StatusCode::UNAUTHORIZED, &reason)),
     };
     if !allows(&roles_of(&claims, cfg), cfg, need) {
-        return deny(StatusCode::FORBIDDEN, "Insufficient permissions");
+        return Err(deny(StatusCode::FORBIDDEN, "Insufficient permissions"));
     }
     let sub = claims.get("sub").and_then(Value::as_str).map(str::to_string);
     req.extensions_mut().insert(Principal { sub });
-    next.run(req).await
+    Ok(())
 }
 
 #[cfg(test)]

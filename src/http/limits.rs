@@ -3,13 +3,12 @@
 //! with `Retry-After: 1` at once, so one family flooding the broker cannot
 //! starve the others. Health and metrics are never capped.
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::AppState;
 
@@ -47,18 +46,22 @@ impl InFlight {
     }
 }
 
-pub async fn admit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// Takes a permit of the request's family, or answers 503 at once when the
+/// family is at its cap. `None` for uncapped paths (health, metrics).
+pub fn admit<'a>(state: &'a AppState, req: &Request) -> Result<Option<SemaphorePermit<'a>>, Response> {
     let Some((family, gate)) = state.inflight.family(req.method(), req.uri().path()) else {
-        return next.run(req).await;
+        return Ok(None);
     };
-    let Ok(_permit) = gate.try_acquire() else {
-        metrics::counter!("queen_requests_shed_total", "family" => family).increment(1);
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            Json(json!({"error": format!("too many in-flight {family} requests; retry shortly"), "code": "overloaded"})),
-        )
-            .into_response();
-    };
-    next.run(req).await
+    match gate.try_acquire() {
+        Ok(permit) => Ok(Some(permit)),
+        Err(_) => {
+            metrics::counter!("queen_requests_shed_total", "family" => family).increment(1);
+            Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "1")],
+                Json(json!({"error": format!("too many in-flight {family} requests; retry shortly"), "code": "overloaded"})),
+            )
+                .into_response())
+        }
+    }
 }

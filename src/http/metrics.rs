@@ -1,35 +1,42 @@
 //! `GET /metrics` (JSON, API.md §2.9), `GET /metrics/prometheus` (text
-//! exposition), and the middleware that counts and times every request.
+//! exposition), and the count and timing of every request.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::AppState;
 
-/// Counts the request and records its duration under its route pattern
-/// (never the raw path: queue names would make the label set unbounded).
-pub async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    // `{queue}` becomes `:queue`: braces inside label values trip common parsers.
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().replace('{', ":").replace('}', ""))
-        .unwrap_or_else(|| "unmatched".into());
-    let method = req.method().to_string();
-    let started = Instant::now();
-    let response = next.run(req).await;
-    state.telemetry.requests.fetch_add(1, Ordering::Relaxed);
-    metrics::histogram!(crate::metrics::REQUEST_DURATION, "route" => route, "method" => method,
-                        "status" => response.status().as_u16().to_string())
-        .record(started.elapsed().as_secs_f64());
-    response
+/// One request being counted and timed, under its route pattern (never the
+/// raw path: queue names would make the label set unbounded).
+pub struct Observed {
+    route: String,
+    method: String,
+    started: Instant,
+}
+
+impl Observed {
+    pub fn start(req: &Request) -> Observed {
+        // `{queue}` becomes `:queue`: braces inside label values trip common parsers.
+        let route = req
+            .extensions()
+            .get::<MatchedPath>()
+            .map(|m| m.as_str().replace('{', ":").replace('}', ""))
+            .unwrap_or_else(|| "unmatched".into());
+        Observed { route, method: req.method().to_string(), started: Instant::now() }
+    }
+
+    pub fn finish(self, state: &AppState, response: &Response) {
+        state.telemetry.requests.fetch_add(1, Ordering::Relaxed);
+        metrics::histogram!(crate::metrics::REQUEST_DURATION, "route" => self.route, "method" => self.method,
+                            "status" => response.status().as_u16().to_string())
+            .record(self.started.elapsed().as_secs_f64());
+    }
 }
 
 pub async fn json(State(state): State<AppState>) -> Json<Value> {

@@ -19,7 +19,10 @@ pub mod system;
 
 use std::sync::Arc;
 
+use axum::extract::{Request, State};
 use axum::http::{Method, Uri};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use deadpool_postgres::Pool;
@@ -135,10 +138,27 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), limits::admit))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::check))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::observe))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), front_door))
         .with_state(state)
+}
+
+/// Every request passes here once: it is counted and timed, authenticated,
+/// then admitted under its family's in-flight cap (so an unauthenticated
+/// request never takes a permit), and the permit is held until the answer.
+/// One middleware rather than a layer per concern because every layer boxes
+/// its own future (~1.3 KB apiece), and a parked long-poll holds all of them
+/// for its whole wait: three layers cost 10,000 parked pops 32 MB more RSS.
+async fn front_door(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let observed = metrics::Observed::start(&req);
+    let response = match auth::check(&state, &mut req) {
+        Err(denied) => denied,
+        Ok(()) => match limits::admit(&state, &req) {
+            Err(shed) => shed,
+            Ok(_permit) => next.run(req).await,
+        },
+    };
+    observed.finish(&state, &response);
+    response
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
