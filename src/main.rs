@@ -4,6 +4,12 @@
 use clap::{Parser, Subcommand};
 use queen::config::Config;
 
+/// jemalloc instead of glibc malloc: it leaves the untouched pages of a
+/// reserved buffer unbacked (hyper's 8 KB per-connection buffers of a parked
+/// long-poll) and keeps per-thread caches small; see docs/PERFORMANCE.md.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "queen",
