@@ -601,3 +601,139 @@ async fn a_push_through_another_broker_reaches_a_parked_long_poll_through_the_ba
     assert!(took < Duration::from_secs(4), "answered by a reseed (~0.4 s), not the deadline: {took:?}");
 }
 
+
+/// One claim's answer in comparable form: its rows sorted by partition,
+/// kind and offset (the set-based pass answers its partitions before the
+/// ones it hands on), blobs as digests, then the group's cursor rows as
+/// the claim left them. Runs inside a transaction that is rolled back.
+async fn claim_and_roll_back(
+    sql: &tokio_postgres::Client,
+    function: &str,
+    pids: &[i64],
+    (budget, max_partitions, auto_ack): (i32, i32, bool),
+) -> (Vec<String>, Vec<String>) {
+    sql.batch_execute("BEGIN").await.unwrap();
+    let rows = sql
+        .query(
+            &format!(
+                "SELECT o_partition_id, CASE WHEN o_kind = 'busy' THEN NULL ELSE o_partition END, o_kind, o_base_offset,
+                        o_start_idx, o_take, o_created_at::text, md5(o_blob), o_first, o_last, o_attempt, o_msg_count
+                 FROM queen.{function}($1, 'g', 'me', 30, $2, $3, $4, NULL, NULL)"
+            ),
+            &[&pids, &auto_ack, &budget, &max_partitions],
+        )
+        .await
+        .unwrap();
+    let mut answer: Vec<(i64, bool, Option<i64>, String)> = rows
+        .iter()
+        .map(|r| {
+            let described = format!(
+                "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+                r.get::<_, Option<String>>(1), r.get::<_, String>(2), r.get::<_, Option<i64>>(3),
+                r.get::<_, Option<i32>>(4), r.get::<_, Option<i32>>(5), r.get::<_, Option<String>>(6),
+                r.get::<_, Option<String>>(7), r.get::<_, Option<i64>>(8), r.get::<_, Option<i64>>(9),
+                r.get::<_, Option<i32>>(10), r.get::<_, Option<i32>>(11)
+            );
+            (r.get(0), r.get::<_, String>(2) != "segment", r.get(3), described)
+        })
+        .collect();
+    answer.sort();
+    let cursors = sql
+        .query(
+            "SELECT format('%s %s %s %s %s %s %s %s %s', partition_id, committed, worker_id, batch_end, attempt_count,
+                           attempt_offset, total_consumed, last_consumed_at IS NOT NULL, lease_expires_at - lease_acquired_at)
+             FROM queen.consumers WHERE consumer_group = 'g' ORDER BY partition_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    sql.batch_execute("ROLLBACK").await.unwrap();
+    (
+        answer.into_iter().map(|(pid, _, _, d)| format!("{pid} {d}")).collect(),
+        cursors.iter().map(|r| r.get(0)).collect(),
+    )
+}
+
+/// The stored functions one claim called (PostgreSQL's per-transaction
+/// function statistics), rolled back.
+async fn functions_called(sql: &tokio_postgres::Client, function: &str, pids: &[i64], budget: i32) -> Vec<String> {
+    sql.batch_execute("SET track_functions = 'pl'; BEGIN").await.unwrap();
+    sql.query(&format!("SELECT * FROM queen.{function}($1, 'g', 'me', 30, false, $2, 0, NULL, NULL)"), &[&pids, &budget])
+        .await
+        .unwrap();
+    let rows = sql.query("SELECT funcname::text FROM pg_stat_xact_user_functions ORDER BY 1", &[]).await.unwrap();
+    sql.batch_execute("ROLLBACK; RESET track_functions").await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// `pop_list_v3` claims the plain candidates in one statement; it must
+/// answer what `pop_list_v2` (one partition at a time) answers, rows and
+/// cursor rows alike: a budget shared across partitions (cut inside one),
+/// the partition cap, auto-ack, a cursor inside a segment, a partition of two
+/// segments, a leased partition ('busy'), one locked by another transaction
+/// ('busy' said by the set-based pass), a partition without a cursor row and
+/// a gated queue (both handed on to the per-partition path).
+#[tokio::test]
+async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
+    let b = Broker::start().await;
+    for (i, n) in [3, 4, 5, 6, 7].into_iter().enumerate() {
+        let payloads: Vec<Value> = (0..n).map(|k| json!({ "p": i, "k": k })).collect();
+        b.push_to("diff", &format!("p{i}"), &payloads).await;
+    }
+    b.push_to("diff", "p2", &[json!("second segment"), json!("of p2")]).await;
+    b.push_to("gated", "g0", &[json!(1), json!(2)]).await;
+    let sql = b.sql().await;
+    sql.batch_execute(
+        "SELECT queen.register_group_v1(id, 'g', NULL, NULL) FROM queen.queues;
+         UPDATE queen.queues SET window_buffer = 3600 WHERE name = 'gated';",
+    )
+    .await
+    .unwrap();
+    b.push_to("diff", "late", &[json!("no cursor row yet")]).await;
+    sql.batch_execute(
+        "UPDATE queen.consumers c SET committed = 1 FROM queen.partitions p
+             WHERE p.id = c.partition_id AND p.name = 'p1';
+         UPDATE queen.consumers c SET worker_id = 'other', lease_expires_at = now() + interval '1 hour'
+             FROM queen.partitions p WHERE p.id = c.partition_id AND p.name = 'p3';",
+    )
+    .await
+    .unwrap();
+    let mut pids = Vec::new();
+    for name in ["p0", "p1", "p2", "p3", "p4", "late", "g0"] {
+        let row = sql.query_one("SELECT id FROM queen.partitions WHERE name = $1", &[&name]).await.unwrap();
+        pids.push(row.get::<_, i64>(0));
+    }
+    let scenarios = [(100, 0, false), (100, 0, true), (9, 0, false), (12, 0, false), (100, 2, false), (1, 0, false)];
+    for scenario in scenarios {
+        let v2 = claim_and_roll_back(&sql, "pop_list_v2", &pids, scenario).await;
+        let v3 = claim_and_roll_back(&sql, "pop_list_v3", &pids, scenario).await;
+        assert_eq!(v3, v2, "scenario (budget, max partitions, auto-ack) = {scenario:?}");
+        assert!(v3.0.iter().any(|r| r.contains("\"claimed\"")), "{scenario:?} claims something");
+    }
+    let (all, _) = claim_and_roll_back(&sql, "pop_list_v3", &pids, (100, 0, false)).await;
+    let verdicts = |kind: &str| all.iter().filter(|r| r.contains(&format!("\"{kind}\""))).count();
+    assert_eq!((verdicts("claimed"), verdicts("busy"), verdicts("deferred")), (5, 1, 1), "{all:#?}");
+    assert_eq!(all.iter().filter(|r| r.contains("\"segment\"")).count(), 6, "p0 p1 p2 (2) p4 late: {all:#?}");
+
+    // Plain candidates only: one statement claims them all, no per-partition
+    // call, also when the budget ends inside one of them.
+    let plain = [pids[0], pids[1], pids[2], pids[4]];
+    for budget in [100, 9] {
+        assert_eq!(functions_called(&sql, "pop_list_v3", &plain, budget).await, ["pop_list_v3"], "budget {budget}");
+    }
+    assert_eq!(
+        functions_called(&sql, "pop_list_v3", &pids, 100).await,
+        ["pop_claim_v1", "pop_list_v2", "pop_list_v3", "seed_cursor_v1"]
+    );
+
+    // p0's cursor row locked by another transaction: 'busy' from the set pass.
+    let c = common::cluster();
+    let other = c.connect(&b.db).await;
+    other.batch_execute("BEGIN").await.unwrap();
+    other.execute("SELECT 1 FROM queen.consumers WHERE partition_id = $1 FOR UPDATE", &[&pids[0]]).await.unwrap();
+    let v2 = claim_and_roll_back(&sql, "pop_list_v2", &pids, (100, 0, false)).await;
+    let v3 = claim_and_roll_back(&sql, "pop_list_v3", &pids, (100, 0, false)).await;
+    assert_eq!(v3, v2);
+    assert!(v3.0.iter().any(|r| r.starts_with(&format!("{} None \"busy\"", pids[0]))), "{:#?}", v3.0);
+    other.batch_execute("ROLLBACK").await.unwrap();
+}

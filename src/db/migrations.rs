@@ -37,6 +37,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(9, "0009_window0_no_index.sql"),
     migration!(10, "0010_ack_many.sql"),
     migration!(11, "0011_pop_plain_claim.sql"),
+    migration!(12, "0012_pop_set_claim.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -43,7 +43,7 @@ pub struct ClaimResult {
     pub verdicts: HashMap<i64, Verdict>,
 }
 
-const LIST_SQL: &str = "SELECT * FROM queen.pop_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const LIST_SQL: &str = "SELECT * FROM queen.pop_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const WILDCARD_SQL: &str = "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 const DISCOVER_SQL: &str = "SELECT * FROM queen.pop_discover_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const SPECIFIC_SQL: &str = "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)";
