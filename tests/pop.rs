@@ -721,6 +721,9 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     for budget in [100, 9] {
         assert_eq!(functions_called(&sql, "pop_list_v3", &plain, budget).await, ["pop_list_v3"], "budget {budget}");
     }
+    // One candidate, or one plain-looking one, is cheaper through v2.
+    assert_eq!(functions_called(&sql, "pop_list_v3", &plain[..1], 100).await, ["pop_list_v2", "pop_list_v3"]);
+    assert_eq!(functions_called(&sql, "pop_list_v3", &plain, 3).await, ["pop_list_v2", "pop_list_v3"]);
     assert_eq!(
         functions_called(&sql, "pop_list_v3", &pids, 100).await,
         ["pop_claim_v1", "pop_list_v2", "pop_list_v3", "seed_cursor_v1"]
