@@ -89,7 +89,8 @@ BEGIN
           WINDOW w AS (ORDER BY u.ord)) t
     WHERE t.before < p_budget AND (p_max_partitions <= 0 OR t.n <= p_max_partitions);
 
-    -- So is one plain candidate: it goes to v2 with the rest (step 3).
+    -- A single plain-looking candidate is cheaper through v2 too: it goes
+    -- there with the rest (step 3).
     IF cardinality(v_try) >= 2 THEN
         -- 2. Lock, plan, lease and read in one statement (one snapshot).
         FOR r IN

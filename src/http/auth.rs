@@ -138,7 +138,9 @@ fn roles_of(claims: &Value, cfg: &AuthConfig) -> HashSet<String> {
     roles
 }
 
-/// The middleware: lets public and skipped paths through, checks the rest.
+/// Lets public and skipped paths through and checks the rest's token,
+/// recording the caller as a `Principal`; otherwise the 401/403 answer.
+/// Called by `http::front_door`.
 pub fn check(state: &AppState, req: &mut Request) -> Result<(), Response> {
     let cfg = &state.config.auth;
     if !cfg.enabled {
