@@ -28,6 +28,7 @@ pub const ACK_GROUPS: &str = "queen_ack_groups_total";
 pub const POOL_CONNECTIONS: &str = "queen_db_pool_connections";
 pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";
+pub const POP_PERMITS: &str = "queen_pop_permit_limit";
 pub const HOTLIST_READY: &str = "queen_hotlist_ready_partitions";
 
 /// Per-queue traffic since the last analytics sample: pushed, popped, acked.
@@ -132,13 +133,14 @@ impl Telemetry {
     }
 
     /// The Prometheus text exposition, with the gauges read now.
-    pub fn prometheus_text(&self, pool: &deadpool_postgres::Pool, hotlist_ready: usize) -> String {
+    pub fn prometheus_text(&self, pool: &deadpool_postgres::Pool, hotlist_ready: usize, pop_permits: usize) -> String {
         let s = pool.status();
         metrics::gauge!(POOL_CONNECTIONS, "state" => "in_use").set((s.size - s.available) as f64);
         metrics::gauge!(POOL_CONNECTIONS, "state" => "idle").set(s.available as f64);
         metrics::gauge!(POOL_WAITING).set(s.waiting as f64);
         metrics::gauge!(PARKED).set(self.parked.load(Ordering::Relaxed) as f64);
         metrics::gauge!(HOTLIST_READY).set(hotlist_ready as f64);
+        metrics::gauge!(POP_PERMITS).set(pop_permits as f64);
         self.prometheus.render()
     }
 }

@@ -5,6 +5,7 @@
 //! (timestamps are rendered with a literal `Z`) and carries the configured
 //! statement timeout, so a runaway statement is cancelled server-side.
 
+pub mod limiter;
 pub mod migrations;
 
 use std::time::Duration;

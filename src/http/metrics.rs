@@ -53,7 +53,8 @@ pub async fn json(State(state): State<AppState>) -> Json<Value> {
         "requests": {"total": requests, "rate": requests as f64 / uptime},
         "messages": {"total": pushed, "rate": pushed as f64 / uptime, "pushed": pushed, "popped": popped, "acked": acked},
         "database": {"poolSize": pool.max_size, "connections": pool.size, "idleConnections": pool.available,
-                     "inUse": pool.size - pool.available, "waitingRequests": pool.waiting},
+                     "inUse": pool.size - pool.available, "waitingRequests": pool.waiting,
+                     "popPermits": state.pop.permit_limit()},
         "memory": {"rss": rss, "rssMb": (rss as f64 / 1048576.0 * 10.0).round() / 10.0},
         "cpu": {"userSeconds": user, "systemSeconds": system, "percent": (user + system) / uptime * 100.0},
         "longPolls": {"parked": t.parked.load(Ordering::Relaxed)},
@@ -61,6 +62,6 @@ pub async fn json(State(state): State<AppState>) -> Json<Value> {
 }
 
 pub async fn prometheus(State(state): State<AppState>) -> Response {
-    let text = state.telemetry.prometheus_text(&state.pool, state.pop.hotlist_ready());
+    let text = state.telemetry.prometheus_text(&state.pool, state.pop.hotlist_ready(), state.pop.permit_limit());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -21,15 +21,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::PopConfig;
+use crate::db::limiter::{AdaptiveLimiter, LimitPermit};
 use claim::ClaimResult;
 use hotlist::{HotList, Plan};
 pub use params::{PopParams, Route, QUEUE_MODE};
 use wake::WakeGates;
+
+/// Claim permits at start: few, so the limiter's first windows measure
+/// PostgreSQL unloaded; it grows from there when latency allows.
+const INITIAL_PERMITS: usize = 8;
+/// Fewest claim permits the limiter may leave.
+const MIN_PERMITS: usize = 2;
 
 /// Why a pop failed (an empty pop is not a failure).
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +73,8 @@ pub struct PopService {
     pub min_wait: Arc<min_wait::MinPopWait>,
     registry: Arc<crate::ack::AckRegistry>,
     telemetry: Arc<crate::metrics::Telemetry>,
-    permits: Semaphore,
+    /// Claims running at once; the limit follows PostgreSQL's latency.
+    permits: AdaptiveLimiter,
     maintenance: AtomicBool,
     /// Flipped on shutdown: parked long-polls answer 204 at once.
     closing: tokio::sync::watch::Sender<bool>,
@@ -81,6 +88,14 @@ impl PopService {
         pool_wait: Duration,
         registry: Arc<crate::ack::AckRegistry>,
     ) -> Arc<PopService> {
+        // At most three quarters of the pool (the rest is for pushes and
+        // acks); where in between, PostgreSQL's latency decides.
+        let permits = AdaptiveLimiter::new(
+            INITIAL_PERMITS,
+            MIN_PERMITS,
+            (pool_size * 3 / 4).max(1),
+            cfg.adaptive_permits,
+        );
         Arc::new(PopService {
             pool,
             hotlist: HotList::new(cfg.hotlist_reseed),
@@ -90,8 +105,7 @@ impl PopService {
             min_wait: Arc::new(min_wait::MinPopWait::default()),
             registry,
             telemetry: crate::metrics::Telemetry::global(),
-            // Leave a quarter of the pool to pushes and acks.
-            permits: Semaphore::new((pool_size * 3 / 4).max(1)),
+            permits,
             maintenance: AtomicBool::new(false),
             closing: tokio::sync::watch::channel(false).0,
         })
@@ -100,6 +114,11 @@ impl PopService {
     /// Shutdown: every parked long-poll answers now instead of at its deadline.
     pub fn close(&self) {
         self.closing.send_replace(true);
+    }
+
+    /// How many claims may run at once right now.
+    pub fn permit_limit(&self) -> usize {
+        self.permits.limit()
     }
 
     pub fn config(&self) -> &PopConfig {
@@ -273,7 +292,7 @@ impl PopService {
                 if claim::has_pending(&client, queue, &p.group).await? == Some(false) {
                     return Ok(ClaimResult::default());
                 }
-                if let Ok(_permit) = self.permits.try_acquire() {
+                if let Some(_permit) = self.permits.try_acquire() {
                     return Ok(claim::claim_route(&client, route, p, worker).await?);
                 }
             }
@@ -283,11 +302,8 @@ impl PopService {
         Ok(claim::claim_route(&client, route, p, worker).await?)
     }
 
-    async fn permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, PopError> {
-        match tokio::time::timeout(self.pool_wait, self.permits.acquire()).await {
-            Ok(Ok(p)) => Ok(p),
-            _ => Err(PopError::Pool),
-        }
+    async fn permit(&self) -> Result<LimitPermit<'_>, PopError> {
+        self.permits.acquire(self.pool_wait).await.ok_or(PopError::Pool)
     }
 
     async fn connection(&self) -> Result<deadpool_postgres::Client, PopError> {
