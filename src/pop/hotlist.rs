@@ -11,8 +11,12 @@
 //! settled are put back by the guard's `Drop`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 
 /// What the claim said about one candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +45,9 @@ struct Ring {
     /// afresh at every reseed, so rings created together (a fleet of
     /// consumers starting at once) do not all fall due in the same instant.
     period: Duration,
+    /// Fired when a settle puts candidates back: pops that found every
+    /// member checked out wait for it (see `await_return`).
+    returned: Arc<Notify>,
 }
 
 /// `every` scaled by a random factor in [0.75, 1.25).
@@ -151,6 +158,7 @@ impl HotList {
             estimates: HashMap::new(),
             last_reseed: None,
             period: jittered(self.reseed_every),
+            returned: Arc::new(Notify::new()),
         });
     }
 
@@ -247,7 +255,28 @@ impl HotList {
                     r.ready.push_front((pid, name.clone()));
                 }
             }
+            if !r.ready.is_empty() {
+                r.returned.notify_waiters();
+            }
         });
+    }
+
+    /// When nothing is ready but members are checked out (every member not
+    /// ready is out: a ring holds no other kind), pops in flight hold the
+    /// ring's candidates and will put back what they do not use within one
+    /// claim. This is the wait for that, registered under the ring's lock so
+    /// a settle in between cannot be missed; `None` when there is nothing to
+    /// wait for (candidates are ready, or the ring has no members at all).
+    pub fn await_return(&self, queue: &str, group: &str) -> Option<Pin<Box<OwnedNotified>>> {
+        self.with_ring(queue, group, |r| {
+            if !r.ready.is_empty() || r.members.is_empty() {
+                return None;
+            }
+            let mut back = Box::pin(r.returned.clone().notified_owned());
+            back.as_mut().enable();
+            Some(back)
+        })
+        .flatten()
     }
 
     /// Ready candidates across every ring.
@@ -369,6 +398,29 @@ mod tests {
         // 3 was not visited: back at the head; 1 at the tail; 2 gone.
         let c = l.checkout("q", "g", 10);
         assert_eq!(c.pids(), [3, 4, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_pop_that_finds_every_candidate_out_waits_for_them_to_come_back() {
+        let l = list();
+        assert!(l.await_return("q", "g").is_none(), "a ring without members has nothing to wait for");
+        l.pushed("q", 1, "p1", 1);
+        l.pushed("q", 2, "p2", 1);
+        assert!(l.await_return("q", "g").is_none(), "candidates are ready");
+        let c = l.checkout("q", "g", 10);
+        assert_eq!(l.plan("q", "g", false), Plan::NothingReady);
+        let back = l.await_return("q", "g").expect("both members are out");
+        // Registered before the settle, so the wake is not lost.
+        c.settle(&HashMap::from([(1, Verdict::Claimed)]));
+        tokio::time::timeout(Duration::from_secs(1), back).await.expect("the settle wakes the waiter");
+        assert_eq!(l.plan("q", "g", false), Plan::Claim { reseed: false });
+        // Candidates that leave as empty wake nobody: there is nothing to take.
+        let c = l.checkout("q", "g", 10);
+        assert_eq!(c.pids(), [2, 1]);
+        let back = l.await_return("q", "g").expect("out again");
+        c.settle(&HashMap::from([(1, Verdict::Empty), (2, Verdict::Empty)]));
+        assert!(tokio::time::timeout(Duration::from_millis(50), back).await.is_err());
+        assert!(l.await_return("q", "g").is_none(), "and the ring is empty now");
     }
 
     #[test]
