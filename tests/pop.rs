@@ -381,6 +381,28 @@ async fn the_single_partition_route_claims_only_that_partition_and_registers_not
 }
 
 #[tokio::test]
+async fn a_pop_whose_ring_candidates_were_emptied_behind_its_back_looks_again() {
+    let b = Broker::start().await;
+    // First contact builds the ring; the pushes then list a..e in it.
+    assert_eq!(b.pop("/api/v1/pop/queue/stale?consumerGroup=g").await.status, 204);
+    for p in ["a", "b", "c", "d", "e"] {
+        b.push_to("stale", p, &[json!(p)]).await;
+    }
+    // The single-partition route does not use the ring: a..d are consumed
+    // without it knowing.
+    for p in ["a", "b", "c", "d"] {
+        let r = b.pop(&format!("/api/v1/pop/queue/stale/partition/{p}?consumerGroup=g&autoAck=true")).await;
+        assert_eq!(r.data(), [json!(p)]);
+    }
+    // partitions=1 checks out two candidates a claim: [a, b] and [c, d] are
+    // empty, the third look finds e.
+    let r = b.pop("/api/v1/pop/queue/stale?consumerGroup=g&partitions=1&autoAck=true").await;
+    assert_eq!(r.status, 200, "a pop must not answer empty while the ring still holds work");
+    assert_eq!(r.data(), [json!("e")]);
+    assert_eq!(b.pop("/api/v1/pop/queue/stale?consumerGroup=g&partitions=1").await.status, 204);
+}
+
+#[tokio::test]
 async fn the_discovery_route_spans_queues_by_label() {
     let b = Broker::start().await;
     b.push_to("billing.invoices", "p", &[json!("i")]).await;

@@ -285,7 +285,7 @@ impl HotList {
         rings.values().flat_map(|g| g.values()).map(|r| r.ready.len()).sum()
     }
 
-    /// Ready candidates of a ring (tests and metrics).
+    /// Ready candidates of a ring.
     pub fn ready_len(&self, queue: &str, group: &str) -> usize {
         self.with_ring(queue, group, |r| r.ready.len()).unwrap_or(0)
     }

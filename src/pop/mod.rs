@@ -41,6 +41,8 @@ const MIN_PERMITS: usize = 2;
 /// how many times it looks again.
 const RETURN_WAIT: Duration = Duration::from_millis(50);
 const RETURN_LOOKS: u32 = 3;
+/// Claims one hot-list pop makes when its candidates keep turning out empty.
+const STALE_LOOKS: u32 = 4;
 
 /// Why a pop failed (an empty pop is not a failure).
 #[derive(Debug, thiserror::Error)]
@@ -290,13 +292,25 @@ impl PopService {
             let pending = claim::pending_partitions(&client, queue, &p.group).await?;
             self.hotlist.reseed(queue, &p.group, pending);
         }
-        let checkout = self.hotlist.checkout(queue, &p.group, p.ring_candidates());
-        if checkout.is_empty() {
-            return Ok(ClaimResult::default());
+        let mut looks = 0;
+        loop {
+            let checkout = self.hotlist.checkout(queue, &p.group, p.ring_candidates());
+            if checkout.is_empty() {
+                return Ok(ClaimResult::default());
+            }
+            let result = claim::claim_candidates(&client, &checkout.pids(), p, worker).await?;
+            checkout.settle(&result.verdicts);
+            // Candidates that were all empty (consumed elsewhere, or the
+            // ring's knowledge was stale) have just left the ring; what is
+            // still ready may hold work, so look again before answering empty.
+            looks += 1;
+            let stale = result.claimed.is_empty()
+                && !result.verdicts.is_empty()
+                && result.verdicts.values().all(|v| *v == hotlist::Verdict::Empty);
+            if !stale || looks >= STALE_LOOKS || self.hotlist.ready_len(queue, &p.group) == 0 {
+                return Ok(result);
+            }
         }
-        let result = claim::claim_candidates(&client, &checkout.pids(), p, worker).await?;
-        checkout.settle(&result.verdicts);
-        Ok(result)
     }
 
     /// Permits are always taken before connections (as `claim_from_ring`
