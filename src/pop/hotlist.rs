@@ -45,9 +45,10 @@ struct Ring {
     /// afresh at every reseed, so rings created together (a fleet of
     /// consumers starting at once) do not all fall due in the same instant.
     period: Duration,
-    /// Fired when a settle puts candidates back: pops that found every
-    /// member checked out wait for it (see `await_return`).
-    returned: Arc<Notify>,
+    /// Fired whenever a candidate becomes ready (a settle puts one back, a
+    /// push or a reseed adds one): pops that found every member checked out
+    /// wait for it (see `await_return`).
+    refilled: Arc<Notify>,
 }
 
 /// `every` scaled by a random factor in [0.75, 1.25).
@@ -158,7 +159,7 @@ impl HotList {
             estimates: HashMap::new(),
             last_reseed: None,
             period: jittered(self.reseed_every),
-            returned: Arc::new(Notify::new()),
+            refilled: Arc::new(Notify::new()),
         });
     }
 
@@ -256,7 +257,7 @@ impl HotList {
                 }
             }
             if !r.ready.is_empty() {
-                r.returned.notify_waiters();
+                r.refilled.notify_waiters();
             }
         });
     }
@@ -264,15 +265,16 @@ impl HotList {
     /// When nothing is ready but members are checked out (every member not
     /// ready is out: a ring holds no other kind), pops in flight hold the
     /// ring's candidates and will put back what they do not use within one
-    /// claim. This is the wait for that, registered under the ring's lock so
-    /// a settle in between cannot be missed; `None` when there is nothing to
-    /// wait for (candidates are ready, or the ring has no members at all).
+    /// claim. This is the wait for that, or for a push that adds a new
+    /// candidate meanwhile, registered under the ring's lock so neither can
+    /// be missed; `None` when there is nothing to wait for (candidates are
+    /// ready, or the ring has no members at all).
     pub fn await_return(&self, queue: &str, group: &str) -> Option<Pin<Box<OwnedNotified>>> {
         self.with_ring(queue, group, |r| {
             if !r.ready.is_empty() || r.members.is_empty() {
                 return None;
             }
-            let mut back = Box::pin(r.returned.clone().notified_owned());
+            let mut back = Box::pin(r.refilled.clone().notified_owned());
             back.as_mut().enable();
             Some(back)
         })
@@ -297,6 +299,7 @@ impl Ring {
             None => {
                 self.members.insert(pid, Member::Ready);
                 self.ready.push_back((pid, name.clone()));
+                self.refilled.notify_waiters();
             }
             Some(Member::Out { dirty }) => *dirty = true,
             Some(Member::Ready) => {}
@@ -421,6 +424,12 @@ mod tests {
         c.settle(&HashMap::from([(1, Verdict::Empty), (2, Verdict::Empty)]));
         assert!(tokio::time::timeout(Duration::from_millis(50), back).await.is_err());
         assert!(l.await_return("q", "g").is_none(), "and the ring is empty now");
+        // A push that adds a candidate while every member is out wakes it too.
+        l.pushed("q", 3, "p3", 1);
+        let _c = l.checkout("q", "g", 10);
+        let back = l.await_return("q", "g").expect("p3 is out");
+        l.pushed("q", 4, "p4", 1);
+        tokio::time::timeout(Duration::from_secs(1), back).await.expect("the push wakes the waiter");
     }
 
     #[test]
