@@ -24,6 +24,7 @@ async fn both_metric_endpoints_report_real_traffic() {
     assert_eq!(m["messages"]["total"], 3);
     assert!(m["requests"]["total"].as_u64().unwrap() >= 3);
     assert_eq!(m["database"]["poolSize"], 160);
+    assert_eq!(m["database"]["popPermits"], 8, "the adaptive claim limit starts at 8 and needs 8 claims to move");
     assert!(m["memory"]["rss"].as_u64().unwrap() > 1_000_000);
     assert!(m["uptime"].is_u64());
 
@@ -52,6 +53,7 @@ async fn both_metric_endpoints_report_real_traffic() {
         "queen_db_pool_waiting",
         "queen_parked_long_polls",
         "queen_hotlist_ready_partitions",
+        "queen_pop_permit_limit",
     ] {
         assert!(scrape.samples.iter().any(|s| s.metric.starts_with(family)), "{family} missing from\n{text}");
     }
@@ -62,4 +64,13 @@ async fn both_metric_endpoints_report_real_traffic() {
         .filter_map(|s| s.labels.get("route"))
         .collect();
     assert!(route_labels.contains(&"/api/v1/pop/queue/:queue"), "routes are labelled by pattern: {route_labels:?}");
+}
+
+#[tokio::test]
+async fn fixed_claim_permits_are_three_quarters_of_the_pool() {
+    let b = Broker::start_with(&[("QUEEN_POP_ADAPTIVE_PERMITS", "false"), ("DB_POOL_SIZE", "40")]).await;
+    let (_, m) = b.get("/metrics").await;
+    assert_eq!(m["database"]["popPermits"], 30);
+    let (_, m) = Broker::start_with(&[("DB_POOL_SIZE", "40")]).await.get("/metrics").await;
+    assert_eq!(m["database"]["popPermits"], 8);
 }
