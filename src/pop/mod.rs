@@ -253,21 +253,12 @@ impl PopService {
         if let Route::Wildcard { queue } = route {
             if self.cfg.hotlist {
                 let mut looks = 0;
-                return loop {
-                    break match self.hotlist.plan(queue, &p.group, p.wait) {
+                loop {
+                    return match self.hotlist.plan(queue, &p.group, p.wait) {
                         Plan::NothingReady => {
-                            // Every candidate is checked out by pops in flight
-                            // (four consumers of ten partitions met this on
-                            // 30 % of their pops): what those leave comes back
-                            // within a claim, so wait for it instead of
-                            // answering empty or parking while work is there.
                             looks += 1;
-                            if looks <= RETURN_LOOKS {
-                                if let Some(back) = self.hotlist.await_return(queue, &p.group) {
-                                    if tokio::time::timeout(RETURN_WAIT, back).await.is_ok() {
-                                        continue;
-                                    }
-                                }
+                            if looks <= RETURN_LOOKS && self.candidates_came_back(queue, &p.group).await {
+                                continue;
                             }
                             Ok((ClaimResult::default(), true))
                         }
@@ -278,11 +269,23 @@ impl PopService {
                             Ok((result, false))
                         }
                     };
-                };
+                }
             }
             return Ok((self.claim_sql(route, p, worker, true).await?, false));
         }
         Ok((self.claim_sql(route, p, worker, false).await?, false))
+    }
+
+    /// Nothing ready and every candidate checked out by pops in flight (four
+    /// consumers of ten partitions met this on 30 % of their pops): what
+    /// those leave comes back within a claim, so wait for it (or a push that
+    /// adds one) instead of answering empty or parking while work is there.
+    /// True when candidates came back in time.
+    async fn candidates_came_back(&self, queue: &str, group: &str) -> bool {
+        match self.hotlist.await_return(queue, group) {
+            Some(back) => tokio::time::timeout(RETURN_WAIT, back).await.is_ok(),
+            None => false,
+        }
     }
 
     async fn claim_from_ring(&self, queue: &str, p: &PopParams, worker: &str, reseed: bool) -> Result<ClaimResult, PopError> {
