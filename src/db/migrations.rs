@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(10, "0010_ack_many.sql"),
     migration!(11, "0011_pop_plain_claim.sql"),
     migration!(12, "0012_pop_set_claim.sql"),
+    migration!(13, "0013_first_contact.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

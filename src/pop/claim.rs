@@ -44,8 +44,8 @@ pub struct ClaimResult {
 }
 
 const LIST_SQL: &str = "SELECT * FROM queen.pop_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-const WILDCARD_SQL: &str = "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-const DISCOVER_SQL: &str = "SELECT * FROM queen.pop_discover_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+const WILDCARD_SQL: &str = "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const DISCOVER_SQL: &str = "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const SPECIFIC_SQL: &str = "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
 const RESEED_MANY_SQL: &str = "SELECT o_ring, o_partition_id, o_partition FROM queen.hotlist_seed_many_v1($1, $2)";
