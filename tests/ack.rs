@@ -161,6 +161,50 @@ async fn the_single_route_answers_an_array_and_refuses_missing_fields() {
 }
 
 #[tokio::test]
+async fn a_malformed_item_of_a_batch_is_refused_alone_and_the_rest_commit() {
+    let b = Broker::start().await;
+    let (lease, pid) = leased_five(&b, "&consumerGroup=g").await;
+    // Sent as text: the escaped id must read as "t1", the status `true` as completed.
+    let body = format!(
+        r#"{{"consumerGroup": "g", "acknowledgments": [
+            {{"transactionId": "t0", "partitionId": "{pid}", "status": "completed", "leaseId": "{lease}", "extra": [1, {{"x": null}}]}},
+            42,
+            {{"transactionId": 7, "partitionId": "{pid}"}},
+            {{"transactionId": "t\u0031", "partitionId": "{pid}", "status": true, "error": null, "leaseId": "{lease}"}},
+            {{"transactionId": "t2", "partitionId": {{"not": "a string"}}}},
+            {{"transactionId": "", "partitionId": "{pid}"}}
+        ]}}"#
+    );
+    let (status, r) = b.post_raw("/api/v1/ack/batch", "application/json", body.into_bytes()).await;
+    assert_eq!(status, 200);
+    let answers: Vec<(i64, Value, bool, Option<&str>)> = r
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|a| (a["index"].as_i64().unwrap(), a["transactionId"].clone(), a["success"].as_bool().unwrap(), a["error"].as_str()))
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            (0, json!("t0"), true, None),
+            (1, Value::Null, false, Some("must be an object")),
+            (2, json!(7), false, Some("transactionId: must be a string")),
+            (3, json!("t1"), true, None),
+            (4, json!("t2"), false, Some("partitionId: must be a string")),
+            (5, json!(""), false, Some("transactionId: required, a non-empty string")),
+        ]
+    );
+    assert_eq!(b.cursor(&pid, "g").await.0, 1, "t0 and t1 committed, the lease still held for t2..t4");
+    let (status, answer) = b.post_raw("/api/v1/ack/batch", "application/json", b"[1, 2]".to_vec()).await;
+    assert_eq!((status, answer["error"].as_str()), (400, Some("acknowledgments: required, an array")));
+    let (status, answer) = b.post_raw("/api/v1/ack/batch", "application/json", br#"{"acknowledgments": {"a": 1}}"#.to_vec()).await;
+    assert_eq!((status, answer["error"].as_str()), (400, Some("acknowledgments: required, an array")));
+    let (status, answer) = b.post_raw("/api/v1/ack/batch", "application/json", b"{\"acknowledgments\": [".to_vec()).await;
+    assert_eq!(status, 400);
+    assert!(answer["error"].as_str().unwrap().starts_with("bad body: "), "{answer}");
+}
+
+#[tokio::test]
 async fn an_id_pushed_twice_to_a_queue_without_window_resolves_to_its_latest_offset() {
     for resolution in RESOLUTIONS {
         let b = broker_resolving(resolution).await;
