@@ -18,7 +18,7 @@
 -- cursor per partition in one statement (the first insertion elects the one
 -- seeder; concurrent first contacts wait for it). Returns whether this call
 -- was the seeder. Unlike seed_cursor_v1 per row, the seed is a constant for
--- a group that starts at the beginning, and the rows carry no foreign key.
+-- a group that starts at the beginning.
 CREATE FUNCTION queen.register_group_v2(p_qid bigint, p_group text,
                                         p_intent_mode text, p_intent_from timestamptz)
 RETURNS boolean
@@ -61,12 +61,28 @@ END
 $$;
 
 -- The cursor rows' foreign key to their partition cost a third of the
--- seeding above (one locking lookup per row). Like the transaction index,
--- cursors are now removed explicitly with their partition.
+-- seeding above (one locking lookup of the partition per row). What it did
+-- besides checking, removing a partition's cursors with the partition, a
+-- trigger does now, once per deleting statement: retention's partition
+-- cleanup and a queue's deletion (whose cascade deletes its partitions)
+-- take their cursors along as before.
 ALTER TABLE queen.consumers DROP CONSTRAINT consumers_partition_id_fkey;
 
--- pop_wildcard_v1 with the subscription-only registration and the seeding
--- claim.
+CREATE FUNCTION queen.drop_cursors_v1()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM queen.consumers c USING gone g WHERE c.partition_id = g.id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER partitions_drop_cursors
+AFTER DELETE ON queen.partitions
+REFERENCING OLD TABLE AS gone
+FOR EACH STATEMENT EXECUTE FUNCTION queen.drop_cursors_v1();
+
+-- pop_wildcard_v1, registering through register_group_v2.
 CREATE FUNCTION queen.pop_wildcard_v2(
     p_queue          text,
     p_group          text,
@@ -99,8 +115,8 @@ BEGIN
 END
 $$;
 
--- pop_discover_v1 with the subscription-only registration and the seeding
--- claim. Queues still register in id order.
+-- pop_discover_v1, registering through register_group_v2. Queues still
+-- register in id order.
 CREATE FUNCTION queen.pop_discover_v2(
     p_namespace      text,
     p_task           text,
@@ -130,61 +146,5 @@ BEGIN
     FROM (SELECT u.id FROM unnest(v_cands) AS u (id) ORDER BY random() LIMIT p_cand_cap) x;
     RETURN QUERY SELECT * FROM queen.pop_list_v3(v_cands, p_group, p_worker, p_lease_seconds, p_auto_ack,
                                                  p_budget, p_max_partitions, p_intent_mode, p_intent_from);
-END
-$$;
-
--- cleanup_partitions_v1, removing the partitions' cursors explicitly now
--- that no foreign key cascades to them. (A broker still on v1 leaves them
--- behind: every reader joins the partition, and partition ids are never
--- reused, so such rows are inert.)
-CREATE FUNCTION queen.cleanup_partitions_v2(p_idle interval, p_batch integer)
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_n integer;
-BEGIN
-    DELETE FROM queen.empty_partitions e
-    USING queen.partitions p
-    WHERE p.id = e.partition_id AND p.last_offset >= p.log_start;
-    DELETE FROM queen.empty_partitions e
-    WHERE NOT EXISTS (SELECT 1 FROM queen.partitions p WHERE p.id = e.partition_id);
-    WITH doomed AS (
-        SELECT p.id FROM queen.empty_partitions e
-        JOIN queen.partitions p ON p.id = e.partition_id
-        WHERE p.last_write_at < now() - p_idle
-        ORDER BY e.emptied_at
-        LIMIT p_batch
-        FOR UPDATE OF p SKIP LOCKED
-    ), idx AS (
-        DELETE FROM queen.txn_index t USING doomed d WHERE t.partition_id = d.id RETURNING 1
-    ), cursors AS (
-        DELETE FROM queen.consumers c USING doomed d WHERE c.partition_id = d.id RETURNING 1
-    ), gone AS (
-        DELETE FROM queen.partitions p USING doomed d WHERE p.id = d.id RETURNING p.id
-    ), forgotten AS (
-        DELETE FROM queen.empty_partitions e USING gone g WHERE e.partition_id = g.id RETURNING 1
-    )
-    SELECT count(*) INTO v_n FROM gone;
-    RETURN v_n;
-END
-$$;
-
--- delete_queue_v1, removing the queue's cursors explicitly (see above).
-CREATE FUNCTION queen.delete_queue_v2(p_queue text)
-RETURNS TABLE (o_existed boolean, o_partitions integer, o_messages bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_qid bigint;
-BEGIN
-    SELECT q.id INTO v_qid FROM queen.queues q WHERE q.name = p_queue FOR UPDATE;
-    IF v_qid IS NULL THEN
-        RETURN QUERY SELECT false, 0, 0::bigint;
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT true, count(*)::integer, COALESCE(sum(p.last_offset + 1), 0)::bigint
-                 FROM queen.partitions p WHERE p.queue_id = v_qid;
-    DELETE FROM queen.txn_index t USING queen.partitions p WHERE p.id = t.partition_id AND p.queue_id = v_qid;
-    DELETE FROM queen.consumers c USING queen.partitions p WHERE p.id = c.partition_id AND p.queue_id = v_qid;
-    DELETE FROM queen.queues q WHERE q.id = v_qid;
 END
 $$;

@@ -172,7 +172,8 @@ async fn a_malformed_item_of_a_batch_is_refused_alone_and_the_rest_commit() {
             {{"transactionId": 7, "partitionId": "{pid}"}},
             {{"transactionId": "t\u0031", "partitionId": "{pid}", "status": true, "error": null, "leaseId": "{lease}"}},
             {{"transactionId": "t2", "partitionId": {{"not": "a string"}}}},
-            {{"transactionId": "", "partitionId": "{pid}"}}
+            {{"transactionId": "", "partitionId": "{pid}"}},
+            {{"transactionId": "t3", "transactionId": "t4", "partitionId": "{pid}", "leaseId": "{lease}"}}
         ]}}"#
     );
     let (status, r) = b.post_raw("/api/v1/ack/batch", "application/json", body.into_bytes()).await;
@@ -192,6 +193,7 @@ async fn a_malformed_item_of_a_batch_is_refused_alone_and_the_rest_commit() {
             (3, json!("t1"), true, None),
             (4, json!("t2"), false, Some("partitionId: must be a string")),
             (5, json!(""), false, Some("transactionId: required, a non-empty string")),
+            (6, json!("t4"), false, Some("duplicate field `transactionId`")),
         ]
     );
     assert_eq!(b.cursor(&pid, "g").await.0, 1, "t0 and t1 committed, the lease still held for t2..t4");

@@ -106,7 +106,7 @@ pub async fn depth(pool: &Pool, queue: &str, group: &str) -> Result<Option<Value
 /// `DELETE /api/v1/resources/queues/{q}`: idempotent.
 pub async fn delete_queue(pool: &Pool, queue: &str) -> Result<Value, DbError> {
     let client = pool.get().await?;
-    let r = client.query_one("SELECT * FROM queen.delete_queue_v2($1)", &[&queue]).await?;
+    let r = client.query_one("SELECT * FROM queen.delete_queue_v1($1)", &[&queue]).await?;
     let existed: bool = r.get(0);
     Ok(if existed {
         json!({"deleted": true, "existed": true, "queue": queue, "partitionsDeleted": r.get::<_, i32>(1),

@@ -140,7 +140,11 @@ fn item_of(raw: &str, group: &str) -> Result<AckItem, String> {
     if !is_object(raw) {
         return Err("must be an object".into());
     }
-    let f: AckFields = serde_json::from_str(raw).map_err(|e| e.to_string())?;
+    // The position inside one item says nothing useful about the batch.
+    let f: AckFields = serde_json::from_str(raw).map_err(|e| {
+        let e = e.to_string();
+        e.rfind(" at line ").map_or(e.clone(), |at| e[..at].to_string())
+    })?;
     let field = |k: &str, v: &Option<Field>| match v {
         Some(Field::Str(s)) if !s.is_empty() => Ok(s.to_string()),
         Some(Field::Str(_)) | None => Err(format!("{k}: required, a non-empty string")),
