@@ -1,6 +1,7 @@
 //! `POST /api/v1/ack`, `POST /api/v1/ack/batch` (API.md §2.3) and
-//! `POST /api/v1/lease/{leaseId}/extend` (§2.5). Both ack routes always
-//! answer 200 with an array in request order; refusals are per item.
+//! `POST /api/v1/lease/{leaseId}/extend` (§2.5). Both ack routes answer an
+//! array in request order; the batch route refuses a malformed item alone,
+//! inside its 200, and the single route answers such an item with a 400.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -29,8 +30,9 @@ async fn json_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<
 
 /// One field of an acknowledgement, as far as the ack tells values apart.
 /// Borrowed from the request body unless the string holds escapes: a batch
-/// of 500 acks was 500 `serde_json::Value` maps to build and drop, about a
-/// tenth of the machine in a leased drain.
+/// of 500 acks read as `serde_json::Value` was 500 maps to build and drop
+/// (and 500 more for the answers), about 8 % of the machine in a leased
+/// drain.
 enum Field<'a> {
     Str(Cow<'a, str>),
     Bool(bool),
@@ -142,8 +144,11 @@ fn item_of(raw: &str, group: &str) -> Result<AckItem, String> {
     }
     // The position inside one item says nothing useful about the batch.
     let f: AckFields = serde_json::from_str(raw).map_err(|e| {
-        let e = e.to_string();
-        e.rfind(" at line ").map_or(e.clone(), |at| e[..at].to_string())
+        let mut e = e.to_string();
+        if let Some(at) = e.rfind(" at line ") {
+            e.truncate(at);
+        }
+        e
     })?;
     let field = |k: &str, v: &Option<Field>| match v {
         Some(Field::Str(s)) if !s.is_empty() => Ok(s.to_string()),
