@@ -82,7 +82,8 @@ AFTER DELETE ON queen.partitions
 REFERENCING OLD TABLE AS gone
 FOR EACH STATEMENT EXECUTE FUNCTION queen.drop_cursors_v1();
 
--- pop_wildcard_v1, registering through register_group_v2.
+-- pop_wildcard_v1, registering through register_group_v2 and claiming
+-- through pop_list_v3 (the hot-list's claim; same rows as pop_list_v1).
 CREATE FUNCTION queen.pop_wildcard_v2(
     p_queue          text,
     p_group          text,
@@ -115,8 +116,8 @@ BEGIN
 END
 $$;
 
--- pop_discover_v1, registering through register_group_v2. Queues still
--- register in id order.
+-- pop_discover_v1, registering through register_group_v2 and claiming
+-- through pop_list_v3. Queues still register in id order.
 CREATE FUNCTION queen.pop_discover_v2(
     p_namespace      text,
     p_task           text,
