@@ -14,12 +14,23 @@ struct Batch {
     bytes: usize,
 }
 
+/// `order` lists batches oldest first for eviction. A batch released by its
+/// ack leaves a stale key behind (removing it from the middle would cost a
+/// search); stale keys are skipped by eviction and swept out once they
+/// outnumber the live batches, so the queue stays within twice the live
+/// count. Without the sweep it grew by one key per leased batch forever,
+/// because acks keep `bytes` under the cap and eviction never ran.
 #[derive(Default)]
 struct Inner {
     leases: HashMap<String, HashMap<i64, Batch>>,
     order: VecDeque<(String, i64)>,
     bytes: usize,
+    /// Batches held (entries of `leases`' inner maps).
+    live: usize,
 }
+
+/// Stale keys tolerated before a sweep, besides one per live batch.
+const SWEEP_SLACK: usize = 64;
 
 pub struct AckRegistry {
     inner: Mutex<Inner>,
@@ -50,8 +61,10 @@ impl AckRegistry {
         }
         inner.forget(lease, pid);
         inner.bytes += bytes;
+        inner.live += 1;
         inner.leases.entry(lease.to_string()).or_default().insert(pid, Batch { offsets: entries.into_iter().collect(), bytes });
         inner.order.push_back((lease.to_string(), pid));
+        inner.sweep();
     }
 
     /// The offset of `txn` in the batch `lease` holds on `pid`, if known.
@@ -81,12 +94,23 @@ impl Inner {
         if let Some(parts) = self.leases.get_mut(lease) {
             if let Some(b) = parts.remove(&pid) {
                 self.bytes -= b.bytes;
+                self.live -= 1;
             }
             if parts.is_empty() {
                 self.leases.remove(lease);
             }
         }
-        // The order queue may keep a stale key; it is skipped when reached.
+        // The order queue keeps a stale key; see `sweep`.
+    }
+
+    /// Drops the stale keys of `order` once they outnumber the live batches
+    /// (plus a slack): amortized constant work per recorded batch.
+    fn sweep(&mut self) {
+        if self.order.len() <= 2 * self.live + SWEEP_SLACK {
+            return;
+        }
+        let leases = &self.leases;
+        self.order.retain(|(l, p)| leases.get(l).is_some_and(|m| m.contains_key(p)));
     }
 }
 
@@ -105,6 +129,34 @@ mod tests {
         assert_eq!(r.resolve("L", 7, "a"), None);
         assert_eq!(r.bytes(), 0);
         assert_eq!(r.partitions_of("L"), None);
+    }
+
+    #[test]
+    fn released_batches_do_not_pile_up_in_the_eviction_order() {
+        let r = AckRegistry::new(1 << 30);
+        r.record("held", 1, vec![("h".into(), 0)]);
+        for i in 0..10_000 {
+            let lease = format!("L{i}");
+            r.record(&lease, 2, vec![("a".into(), i)]);
+            r.release(&lease, 2);
+        }
+        let inner = r.inner.lock().unwrap();
+        assert_eq!(inner.live, 1);
+        assert!(inner.order.len() <= 2 * inner.live + SWEEP_SLACK + 1, "{} keys for 1 live batch", inner.order.len());
+        drop(inner);
+        assert_eq!(r.resolve("held", 1, "h"), Some(0), "the live batch survives every sweep");
+        // Past the cap the oldest live batch still goes first.
+        let small = AckRegistry::new(2 * (ENTRY_OVERHEAD + 1));
+        small.record("A", 1, vec![("a".into(), 0)]);
+        for i in 0..100 {
+            let lease = format!("T{i}");
+            small.record(&lease, 1, vec![("t".into(), i)]);
+            small.release(&lease, 1);
+        }
+        small.record("B", 1, vec![("b".into(), 1)]);
+        small.record("C", 1, vec![("c".into(), 2)]);
+        assert_eq!(small.resolve("A", 1, "a"), None, "A was the oldest");
+        assert_eq!((small.resolve("B", 1, "b"), small.resolve("C", 1, "c")), (Some(1), Some(2)));
     }
 
     #[test]
