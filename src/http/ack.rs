@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 
-use super::body::read_limited;
+use super::body::{read_limited, utf8};
 use super::error::ApiError;
 use super::AppState;
 use crate::ack::{AckItem, AckOutcome, AckStatus, Released};
@@ -25,7 +25,7 @@ async fn json_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))
+    serde_json::from_slice(&bytes).map(Some).map_err(bad_body)
 }
 
 /// One field of an acknowledgement, as far as the ack tells values apart.
@@ -222,7 +222,7 @@ fn wake_after(state: &AppState, released: &[Released]) {
 
 pub async fn ack_one(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
+    let text = utf8(&bytes)?;
     serde_json::from_str::<IgnoredAny>(text).map_err(bad_body)?;
     let item = item_of(text, QUEUE_MODE).map_err(ApiError::BadRequest)?;
     let (outcomes, released) = state.ack.ack(std::slice::from_ref(&item)).await.map_err(ApiError::from)?;
@@ -234,7 +234,7 @@ pub async fn ack_one(State(state): State<AppState>, headers: HeaderMap, body: Bo
 
 pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
+    let text = utf8(&bytes)?;
     let missing = || ApiError::BadRequest("acknowledgments: required, an array".into());
     if !is_object(text) {
         // Valid JSON that is not an object has no acknowledgments either.
@@ -341,7 +341,7 @@ pub async fn transaction(
         };
         (parsed.head.as_str(), binary_items.as_slice(), parsed.counts_only)
     } else {
-        let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
+        let text = utf8(&bytes)?;
         (text, &[][..], false)
     };
     match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, text, pushes, counts_only, producer.as_deref()).await {

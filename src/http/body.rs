@@ -38,3 +38,8 @@ pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Resu
         }
     })
 }
+
+/// The body as text: every JSON body must be UTF-8.
+pub fn utf8(bytes: &[u8]) -> Result<&str, ApiError> {
+    std::str::from_utf8(bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))
+}

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use super::body::read_limited;
+use super::body::{read_limited, utf8};
 use super::error::ApiError;
 use super::AppState;
 use crate::push::{self, ItemResult, Outcome};
@@ -67,7 +67,7 @@ pub async fn push(
         let items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
         return push_and_answer(&state, &items, &parsed.groups, parsed.counts_only, producer.as_deref()).await;
     }
-    let text = std::str::from_utf8(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))?;
+    let text = utf8(&bytes)?;
     let items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
     push_and_answer(&state, &items, &[], false, producer.as_deref()).await
 }
