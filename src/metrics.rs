@@ -21,6 +21,11 @@ pub const REQUEST_DURATION: &str = "queen_http_request_duration_seconds";
 pub const SEGMENT_MESSAGES: &str = "queen_segment_messages";
 /// Segments written by one group commit (push path).
 pub const GROUP_SEGMENTS: &str = "queen_push_group_segments";
+/// Where a push's time goes, by `stage`: `lane` (queued behind its
+/// partition's in-flight write and the hold), `group` (its segment waiting
+/// for a group writer), `pool` (the writer waiting for a connection) and
+/// `write` (the statements and the COMMIT). A slow push shows which one.
+pub const PUSH_STAGE: &str = "queen_push_stage_seconds";
 /// Ack groups (one partition, group and lease of a request) by how they were
 /// applied: `bulk` (the plain groups of a multi-partition batch, one
 /// statement) or `each` (one `ack_v1` call).

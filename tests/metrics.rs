@@ -64,6 +64,12 @@ async fn both_metric_endpoints_report_real_traffic() {
         .filter_map(|s| s.labels.get("route"))
         .collect();
     assert!(route_labels.contains(&"/api/v1/pop/queue/:queue"), "routes are labelled by pattern: {route_labels:?}");
+    // The push went through every stage once at least (one write of 3 messages).
+    for stage in ["lane", "group", "pool", "write"] {
+        let prefix = format!("queen_push_stage_seconds_count{{stage=\"{stage}\"}} ");
+        let count = text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.parse::<f64>().ok());
+        assert!(count.is_some_and(|c| c >= 1.0), "push stage {stage}: {count:?} in\n{text}");
+    }
 }
 
 #[tokio::test]

@@ -95,6 +95,12 @@ enum Scenario {
         consumers: usize,
         #[arg(long, default_value_t = 20)]
         duration: u64,
+        /// Also time a 4 KiB write + fdatasync in this directory every 10 ms
+        /// while the producers run: the disk's own commit latency in the same
+        /// window (give the PostgreSQL data directory), the bound on any
+        /// durable push's tail
+        #[arg(long)]
+        fsync_probe: Option<std::path::PathBuf>,
     },
     /// One producer side, G consumer groups each reading everything
     Fanout {
@@ -165,8 +171,8 @@ async fn main() {
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration } => {
             fanout(&cli.url, messages, batch.max(1), partitions.max(1), producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration)).await
         }
-        Scenario::E2e { rate, batch, partitions, consumers, duration } => {
-            e2e(&cli.url, rate.max(1), batch.max(1), partitions.max(1), consumers.max(1), Duration::from_secs(duration)).await
+        Scenario::E2e { rate, batch, partitions, consumers, duration, fsync_probe } => {
+            e2e(&cli.url, rate.max(1), batch.max(1), partitions.max(1), consumers.max(1), Duration::from_secs(duration), fsync_probe).await
         }
     }
 }
@@ -491,7 +497,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                           "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs}));
 }
 
-async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers: usize, duration: Duration) {
+async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers: usize, duration: Duration, probe_dir: Option<std::path::PathBuf>) {
     let queue = format!("bench.e2e.{}", uuid::Uuid::now_v7().simple());
     let latencies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -506,6 +512,7 @@ async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers:
     let interval = Duration::from_secs_f64(1.0 / requests_per_s);
     let client = reqwest::Client::new();
     let started = Instant::now();
+    let probe = probe_dir.map(|dir| fsync_probe(dir, started + duration));
     let mut sent = 0usize;
     let mut next = Instant::now();
     let mut inflight = Vec::new();
@@ -536,6 +543,51 @@ async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers:
     println!("{}", json!({"scenario": "e2e", "rate": rate, "batch": batch, "partitions": partitions, "consumers": consumers,
                           "sent": sent, "delivered": l.len(), "seconds": secs,
                           "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
+    if let Some(probe) = probe {
+        let mut d = probe.join().expect("fsync probe thread");
+        d.sort();
+        let slow = d.iter().filter(|x| **x > Duration::from_millis(25)).count();
+        println!("disk      syncs        over 25 ms           p50 ms   p90 ms   p99 ms   max ms");
+        println!("fdatasync {:<12} {slow:<20} {:<8.2} {:<8.2} {:<8.2} {:<8.2}", d.len(),
+                 percentile_ms(&d, 0.5), percentile_ms(&d, 0.9), percentile_ms(&d, 0.99), percentile_ms(&d, 1.0));
+        println!("{}", json!({"scenario": "fsync-probe", "syncs": d.len(), "over_25ms": slow,
+                              "latency_ms": {"p50": percentile_ms(&d, 0.5), "p90": percentile_ms(&d, 0.9), "p99": percentile_ms(&d, 0.99), "max": percentile_ms(&d, 1.0)}}));
+    }
+}
+
+/// Times a 4 KiB write + `fdatasync` into a scratch file in `dir` every 10 ms
+/// until `deadline`, on its own thread (a blocking call must not hold up the
+/// load generator's runtime). Like PostgreSQL's WAL, the file is allocated
+/// first and overwritten in place, so a sync flushes data, not metadata. A
+/// durable commit cannot be faster than this.
+fn fsync_probe(dir: std::path::PathBuf, deadline: Instant) -> std::thread::JoinHandle<Vec<Duration>> {
+    std::thread::spawn(move || {
+        use std::os::unix::fs::FileExt;
+        const BLOCK: usize = 4096;
+        const BLOCKS: u64 = 1024;
+        let path = dir.join(format!("queen-bench-fsync-{}", std::process::id()));
+        let mut samples = Vec::new();
+        let file = std::fs::File::create(&path)
+            .and_then(|f| f.write_all_at(&vec![0u8; BLOCK * BLOCKS as usize], 0).and_then(|_| f.sync_all()).map(|_| f));
+        let Ok(file) = file else {
+            eprintln!("fsync probe: cannot prepare {}", path.display());
+            return samples;
+        };
+        let block = [1u8; BLOCK];
+        for n in 0u64.. {
+            if Instant::now() >= deadline {
+                break;
+            }
+            let t = Instant::now();
+            if file.write_all_at(&block, (n % BLOCKS) * BLOCK as u64).and_then(|_| file.sync_data()).is_err() {
+                break;
+            }
+            samples.push(t.elapsed());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = std::fs::remove_file(&path);
+        samples
+    })
 }
 
 /// Samples the broker's RSS every 250 ms until `deadline`; yields the peak.

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use tokio::sync::{oneshot, Notify};
@@ -97,6 +97,7 @@ struct Entry {
     /// came when nothing of the entry is dropped; `frames` is the fallback.
     prepacked: Option<Vec<u8>>,
     reply: Reply,
+    queued: Instant,
 }
 
 #[derive(Default)]
@@ -170,7 +171,7 @@ impl Coalescer {
         let mut st = lane.state.lock().expect("lane lock poisoned");
         st.frames += items.len();
         st.bytes += frames.len();
-        st.pending.push_back(Entry { items, frames, prepacked, reply });
+        st.pending.push_back(Entry { items, frames, prepacked, reply, queued: Instant::now() });
         if st.frames >= self.inner.cfg.max_frames || st.bytes >= self.inner.cfg.max_bytes {
             lane.full.notify_one();
         }
@@ -284,6 +285,9 @@ impl Inner {
         }
         st.frames -= frames;
         st.bytes -= bytes;
+        for e in &batch {
+            metrics::histogram!(crate::metrics::PUSH_STAGE, "stage" => "lane").record(e.queued.elapsed().as_secs_f64());
+        }
         (batch, st.window)
     }
 

@@ -19,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::oneshot;
@@ -48,6 +49,7 @@ struct Job {
     hashes: Vec<i64>,
     blob: Vec<u8>,
     reply: Reply,
+    queued: Instant,
 }
 
 #[derive(Default)]
@@ -78,7 +80,7 @@ impl GroupCommitter {
     /// flight (the lane guarantees it).
     pub async fn write(&self, queue: &str, partition: &str, hashes: Vec<i64>, blob: Vec<u8>) -> Result<SegmentWrite, Arc<PushError>> {
         let (reply, rx) = oneshot::channel();
-        let job = Job { queue: queue.to_string(), partition: partition.to_string(), hashes, blob, reply };
+        let job = Job { queue: queue.to_string(), partition: partition.to_string(), hashes, blob, reply, queued: Instant::now() };
         {
             let mut st = self.inner.state.lock().expect("group lock poisoned");
             st.pending.push(job);
@@ -115,10 +117,16 @@ impl Inner {
 
     async fn write_group(&self, jobs: Vec<Job>) {
         metrics::histogram!(crate::metrics::GROUP_SEGMENTS).record(jobs.len() as f64);
+        for job in &jobs {
+            stage("group", job.queued);
+        }
+        let asked = Instant::now();
         let client = match self.pool.get().await {
             Ok(c) => c,
             Err(e) => return fail_all(jobs, Arc::new(PushError::Db(DbError::from(e)))),
         };
+        stage("pool", asked);
+        let writing = Instant::now();
         // One call per queue, partitions in name order (the function's lock
         // order), each call's segments numbered from 1.
         let mut by_queue: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -137,6 +145,7 @@ impl Inner {
         } else {
             write_in_transaction(&client, &jobs, &calls).await
         };
+        stage("write", writing);
         match result {
             Ok(results) => {
                 let mut replies: Vec<Option<SegmentWrite>> = jobs.iter().map(|_| None).collect();
@@ -165,6 +174,11 @@ impl Inner {
             }
         }
     }
+}
+
+/// Records the time since `since` as push stage `name`.
+fn stage(name: &'static str, since: Instant) {
+    metrics::histogram!(crate::metrics::PUSH_STAGE, "stage" => name).record(since.elapsed().as_secs_f64());
 }
 
 fn fail_all(jobs: Vec<Job>, e: Arc<PushError>) {
