@@ -68,6 +68,53 @@ async fn the_dedup_purge_removes_index_entries_past_the_window() {
 }
 
 #[tokio::test]
+async fn the_dedup_purge_takes_what_left_the_window_and_keeps_what_has_not() {
+    let b = fast_broker().await;
+    b.post("/api/v1/configure", json!({"queue": "dw", "options": {"dedupWindowSeconds": 2}})).await;
+    let push = |txn: &'static str| {
+        let b = &b;
+        async move {
+            let (status, body) = b.post("/api/v1/push", json!({"items": [{"queue": "dw", "partition": "p", "transactionId": txn, "payload": 1}]})).await;
+            assert_eq!(status, 201, "{body}");
+            body[0]["status"].as_str().unwrap().to_string()
+        }
+    };
+    assert_eq!(push("old-1").await, "queued");
+    assert_eq!(push("old-2").await, "queued");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(push("young").await, "queued");
+    // The two old segments leave the window 1.3 s before the young one.
+    eventually("the old entries to go", Duration::from_secs(5), || async {
+        count(&b, "SELECT count(*) FROM queen.txn_index").await == 1
+    })
+    .await;
+    assert_eq!(count(&b, "SELECT msg_offset FROM queen.txn_index").await, 2, "the young entry stays");
+    assert_eq!(push("young").await, "duplicate", "still inside its window");
+    assert_eq!(push("old-1").await, "queued", "its entry is gone: a new message");
+    assert_eq!(count(&b, "SELECT purged_below FROM queen.dedup_purge_marks").await, 2);
+    eventually("the rest to go", Duration::from_secs(6), || async {
+        count(&b, "SELECT count(*) FROM queen.txn_index").await == 0
+    })
+    .await;
+    assert_eq!(count(&b, "SELECT purged_below FROM queen.dedup_purge_marks").await, 4, "offsets 0-3 purged");
+}
+
+#[tokio::test]
+async fn the_dedup_purge_walks_a_long_history_in_passes() {
+    let b = fast_broker().await;
+    b.post("/api/v1/configure", json!({"queue": "long", "options": {"dedupWindowSeconds": 1}})).await;
+    for n in 0..40 {
+        b.push_to("long", "p", &[json!(n)]).await; // one segment each: more than one pass takes
+    }
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.segments").await, 40);
+    eventually("the index to empty", Duration::from_secs(6), || async {
+        count(&b, "SELECT count(*) FROM queen.txn_index").await == 0
+    })
+    .await;
+    assert_eq!(count(&b, "SELECT purged_below FROM queen.dedup_purge_marks").await, 40);
+}
+
+#[tokio::test]
 async fn the_sampler_persists_per_queue_traffic() {
     let b = fast_broker().await;
     b.push_to("sampled", "p", &[json!(1), json!(2), json!(3)]).await;

@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(11, "0011_pop_plain_claim.sql"),
     migration!(12, "0012_pop_set_claim.sql"),
     migration!(13, "0013_first_contact.sql"),
+    migration!(14, "0014_dedup_purge_marks.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

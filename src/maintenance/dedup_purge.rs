@@ -3,11 +3,18 @@
 //! the history.
 //!
 //! The index has no time column worth indexing (it is the one per-message
-//! row), so the purge walks *segments* by age instead: per queue, from where
-//! it stopped, through segments that left the window, decoding each to learn
-//! its transactionIds and deleting exactly those entries (still pointing into
-//! that segment). The cost follows the messages purged, not the table.
-//! Queues with a window of 0 keep their entries, which acks resolve through.
+//! row), so the purge walks *segments* instead: per partition, from its mark
+//! (`queen.dedup_purge_marks`, migration 0014) through the segments that left
+//! the window, decoding each to learn its transactionIds and deleting exactly
+//! those entries. A partition's segments are created in offset order, so what
+//! is due is a prefix from the mark, and the mark remembers when the first
+//! segment not yet purged was made. Finding the work reads partitions and
+//! marks, never the segments, so a tick costs what is due plus one row per
+//! partition, not the stored history. A tick is one statement when nothing is
+//! due and five however many partitions it serves. Queues with a window of 0 keep their entries, which
+//! acks resolve through.
+
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -16,69 +23,209 @@ use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::push::coalescer::txn_hash;
 
-const SERVICE: &str = "dedup_purge";
+/// Segments of one partition looked at per tick (one more tells whether the
+/// due prefix goes on); a partition with more due is looked at again at once.
+const HEAD: i64 = 32;
 
-/// Queues with a window and at least one segment past their cursor that has
-/// left the window: the work of this tick, found in one statement. Asking
-/// each queue in turn cost one round trip per queue per tick, which with
-/// 10,000 idle queues was most of an idle broker's CPU (docs/PERFORMANCE.md).
-const DUE_QUEUES_SQL: &str = "
-    SELECT q.id, q.dedup_window_seconds, c.at, c.partition_id, c.base_offset
-    FROM queen.queues q
-    LEFT JOIN queen.maintenance_cursors m ON m.queue_id = q.id AND m.service = $1
-    CROSS JOIN LATERAL (SELECT COALESCE(m.at, 'epoch'::timestamptz) AS at, COALESCE(m.partition_id, 0) AS partition_id,
-                               COALESCE(m.base_offset, -1) AS base_offset) c
+/// The due partitions: windowed queues, segments past the mark, and the
+/// oldest of them out of the window as it is now, or not known.
+const DUE_SQL: &str = "
+    SELECT p.id, COALESCE(m.purged_below, 0), p.last_offset, q.dedup_window_seconds
+    FROM queen.partitions p
+    JOIN queen.queues q ON q.id = p.queue_id
+    LEFT JOIN queen.dedup_purge_marks m ON m.partition_id = p.id
     WHERE q.dedup_window_seconds > 0
-      AND EXISTS (SELECT 1 FROM queen.partitions p JOIN queen.segments s ON s.partition_id = p.id
-                  WHERE p.queue_id = q.id
-                    AND s.created_at < now() - make_interval(secs => q.dedup_window_seconds)
-                    AND (s.created_at, s.partition_id, s.base_offset) > (c.at, c.partition_id, c.base_offset))";
+      AND p.last_offset >= COALESCE(m.purged_below, 0)
+      AND (m.oldest_at IS NULL OR m.oldest_at < now() - make_interval(secs => q.dedup_window_seconds))
+    LIMIT $1";
 
-/// One pass over every queue with purge work due, at most `batch` segments
-/// each. `Ok(true)` when some queue filled its batch.
+/// The head of each due partition past its mark, without blobs: offsets,
+/// whether each segment left the window, and when it was made, in (partition,
+/// offset) order.
+const HEAD_SQL: &str = "
+    SELECT d.pid, h.base_offset, h.end_offset, h.due, h.created_at
+    FROM unnest($1::bigint[], $2::bigint[], $3::integer[]) d (pid, mark, win)
+    CROSS JOIN LATERAL (
+        SELECT s.base_offset, s.end_offset, s.created_at < now() - make_interval(secs => d.win) AS due, s.created_at
+        FROM queen.segments s
+        WHERE s.partition_id = d.pid AND s.base_offset >= d.mark
+        ORDER BY s.base_offset
+        LIMIT $4) h
+    ORDER BY d.pid, h.base_offset";
+
+/// The blobs of the ranges being purged.
+const BLOBS_SQL: &str = "
+    SELECT s.partition_id, s.blob
+    FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) r (pid, lo, hi)
+    JOIN queen.segments s ON s.partition_id = r.pid AND s.base_offset BETWEEN r.lo AND r.hi";
+
+/// Deletes entries by (partition, hash) inside the purged range's offsets.
+const DELETE_SQL: &str = "
+    DELETE FROM queen.txn_index t
+    USING unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) d (pid, hash, lo, hi)
+    WHERE t.partition_id = d.pid AND t.txn_hash = d.hash AND t.msg_offset BETWEEN d.lo AND d.hi";
+
+const MARK_SQL: &str = "
+    INSERT INTO queen.dedup_purge_marks (partition_id, purged_below, oldest_at)
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[])
+    ON CONFLICT (partition_id) DO UPDATE SET purged_below = EXCLUDED.purged_below, oldest_at = EXCLUDED.oldest_at";
+
+/// Most entries one delete statement names.
+const DELETE_CHUNK: usize = 50_000;
+
+/// Index entries to delete, as the arrays `DELETE_SQL` takes.
+#[derive(Default)]
+struct Doomed {
+    pid: Vec<i64>,
+    hash: Vec<i64>,
+    lo: Vec<i64>,
+    hi: Vec<i64>,
+}
+
+impl Doomed {
+    async fn delete(&mut self, client: &deadpool_postgres::Client, stmt: &tokio_postgres::Statement) -> Result<(), DbError> {
+        if !self.pid.is_empty() {
+            client.execute(stmt, &[&self.pid, &self.hash, &self.lo, &self.hi]).await?;
+        }
+        *self = Doomed::default();
+        Ok(())
+    }
+}
+
+/// What a tick decided for one partition.
+#[derive(Debug, PartialEq)]
+struct Plan {
+    pid: i64,
+    /// Offsets whose entries go: first base offset ..= last end offset.
+    purge: Option<(i64, i64)>,
+    purged_below: i64,
+    oldest_at: Option<DateTime<Utc>>,
+    /// More of it is due than this tick takes.
+    more: bool,
+}
+
+/// One head row: (base_offset, end_offset, left the window, created_at).
+type HeadRow = (i64, i64, bool, DateTime<Utc>);
+
+/// Plans one partition from its head (offset order, at most `HEAD` rows).
+/// `budget` is how many segments the tick may still take.
+fn plan(pid: i64, mark: i64, last_offset: i64, head: &[HeadRow], budget: usize) -> Plan {
+    let limit = (HEAD as usize - 1).min(budget);
+    let taken = head.iter().take(limit).take_while(|r| r.2).count();
+    let next = head.get(taken);
+    match (taken, next) {
+        // Nothing left past the mark (retention took it): everything up to the
+        // end the due check saw is done; new writes come after it.
+        (0, None) => Plan { pid, purge: None, purged_below: last_offset + 1, oldest_at: None, more: false },
+        (0, Some(n)) => Plan { pid, purge: None, purged_below: mark, oldest_at: (!n.2).then_some(n.3), more: n.2 },
+        _ => {
+            let end = head[taken - 1].1;
+            // The next one, when it has left the window too, is looked at again
+            // at once (oldest_at unknown).
+            let oldest_at = next.filter(|n| !n.2).map(|n| n.3);
+            Plan { pid, purge: Some((head[0].0, end)), purged_below: end + 1, oldest_at, more: next.is_some_and(|n| n.2) }
+        }
+    }
+}
+
+/// One pass: at most `batch` due partitions and `batch` segments in all.
+/// `Ok(true)` when more work is due at once.
 pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
     let client = pool.get().await?;
-    let due = client.prepare_cached(DUE_QUEUES_SQL).await?;
-    let queues = client.query(&due, &[&SERVICE]).await?;
-    let mut more = false;
-    for q in queues {
-        let (qid, window): (i64, i32) = (q.get(0), q.get(1));
-        let cursor: (DateTime<Utc>, i64, i64) = (q.get(2), q.get(3), q.get(4));
-        let select = client
-            .prepare_cached(
-                "SELECT s.created_at, s.partition_id, s.base_offset, s.end_offset, s.blob
-                 FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id
-                 WHERE p.queue_id = $1
-                   AND s.created_at < now() - make_interval(secs => $2::integer)
-                   AND (s.created_at, s.partition_id, s.base_offset) > ($3, $4, $5)
-                 ORDER BY s.created_at, s.partition_id, s.base_offset
-                 LIMIT $6",
-            )
-            .await?;
-        let segments = client.query(&select, &[&qid, &window, &cursor.0, &cursor.1, &cursor.2, &batch]).await?;
-        let Some(last) = segments.last() else { continue };
-        let last: (DateTime<Utc>, i64, i64) = (last.get(0), last.get(1), last.get(2));
-        more |= segments.len() as i64 >= batch;
-        for s in &segments {
-            let (pid, base, end): (i64, i64, i64) = (s.get(1), s.get(2), s.get(3));
-            let Ok(frames) = decompress_frames(s.get::<_, &[u8]>(4), SEGMENT_LIMIT) else { continue };
-            let hashes: Vec<i64> = FrameReader::new(&frames).filter_map(Result::ok).map(|f| txn_hash(f.transaction_id)).collect();
-            client
-                .execute(
-                    "DELETE FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = ANY ($2) AND msg_offset BETWEEN $3 AND $4",
-                    &[&pid, &hashes, &base, &end],
-                )
-                .await?;
+    let due = client.prepare_cached(DUE_SQL).await?;
+    let partitions = client.query(&due, &[&batch]).await?;
+    if partitions.is_empty() {
+        return Ok(false);
+    }
+    let (pids, marks, windows): (Vec<i64>, Vec<i64>, Vec<i32>) =
+        (partitions.iter().map(|r| r.get(0)).collect(), partitions.iter().map(|r| r.get(1)).collect(), partitions.iter().map(|r| r.get(3)).collect());
+    let head = client.prepare_cached(HEAD_SQL).await?;
+    let mut heads: HashMap<i64, Vec<HeadRow>> = HashMap::new();
+    for r in client.query(&head, &[&pids, &marks, &windows, &HEAD]).await? {
+        heads.entry(r.get(0)).or_default().push((r.get(1), r.get(2), r.get(3), r.get(4)));
+    }
+    let mut budget = batch.max(1) as usize;
+    let mut plans: Vec<Plan> = Vec::new();
+    for d in &partitions {
+        let (pid, mark, last): (i64, i64, i64) = (d.get(0), d.get(1), d.get(2));
+        let head = heads.get(&pid).map_or(&[][..], Vec::as_slice);
+        let p = plan(pid, mark, last, head, budget);
+        if let Some((lo, hi)) = p.purge {
+            budget = budget.saturating_sub(head.iter().filter(|r| r.0 >= lo && r.1 <= hi).count());
         }
-        client
-            .execute(
-                "INSERT INTO queen.maintenance_cursors (queue_id, service, at, partition_id, base_offset)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (queue_id, service) DO UPDATE
-                 SET at = EXCLUDED.at, partition_id = EXCLUDED.partition_id, base_offset = EXCLUDED.base_offset",
-                &[&qid, &SERVICE, &last.0, &last.1, &last.2],
-            )
-            .await?;
+        plans.push(p);
+    }
+    let more = partitions.len() as i64 >= batch || plans.iter().any(|p| p.more);
+
+    let ranges: Vec<(i64, i64, i64)> = plans.iter().filter_map(|p| p.purge.map(|(lo, hi)| (p.pid, lo, hi))).collect();
+    if !ranges.is_empty() {
+        let (pids, los, his): (Vec<i64>, Vec<i64>, Vec<i64>) =
+            (ranges.iter().map(|r| r.0).collect(), ranges.iter().map(|r| r.1).collect(), ranges.iter().map(|r| r.2).collect());
+        let blobs = client.prepare_cached(BLOBS_SQL).await?;
+        let span: HashMap<i64, (i64, i64)> = ranges.iter().map(|&(p, lo, hi)| (p, (lo, hi))).collect();
+        let delete = client.prepare_cached(DELETE_SQL).await?;
+        let mut doomed = Doomed::default();
+        for s in client.query(&blobs, &[&pids, &los, &his]).await? {
+            let pid: i64 = s.get(0);
+            let Ok(frames) = decompress_frames(s.get::<_, &[u8]>(1), SEGMENT_LIMIT) else { continue };
+            let (lo, hi) = span[&pid];
+            for f in FrameReader::new(&frames).filter_map(Result::ok) {
+                doomed.pid.push(pid);
+                doomed.hash.push(txn_hash(f.transaction_id));
+                doomed.lo.push(lo);
+                doomed.hi.push(hi);
+            }
+            if doomed.pid.len() >= DELETE_CHUNK {
+                doomed.delete(&client, &delete).await?;
+            }
+        }
+        doomed.delete(&client, &delete).await?;
+    }
+    if !plans.is_empty() {
+        let pids: Vec<i64> = plans.iter().map(|p| p.pid).collect();
+        let below: Vec<i64> = plans.iter().map(|p| p.purged_below).collect();
+        let oldest: Vec<Option<DateTime<Utc>>> = plans.iter().map(|p| p.oldest_at).collect();
+        let mark = client.prepare_cached(MARK_SQL).await?;
+        client.execute(&mark, &[&pids, &below, &oldest]).await?;
     }
     Ok(more)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(s, 0).unwrap()
+    }
+
+    #[test]
+    fn the_due_prefix_is_purged_and_the_first_young_segment_dates_the_mark() {
+        let head = [(0, 9, true, at(1)), (10, 19, true, at(2)), (20, 29, false, at(3)), (30, 39, true, at(4))];
+        let p = plan(7, 0, 39, &head, 100);
+        assert_eq!(p, Plan { pid: 7, purge: Some((0, 19)), purged_below: 20, oldest_at: Some(at(3)), more: false });
+    }
+
+    #[test]
+    fn nothing_due_keeps_the_mark_and_dates_it() {
+        let p = plan(7, 20, 29, &[(20, 29, false, at(3))], 100);
+        assert_eq!(p, Plan { pid: 7, purge: None, purged_below: 20, oldest_at: Some(at(3)), more: false });
+    }
+
+    #[test]
+    fn nothing_past_the_mark_moves_it_past_the_last_offset() {
+        let p = plan(7, 20, 45, &[], 100);
+        assert_eq!(p, Plan { pid: 7, purge: None, purged_below: 46, oldest_at: None, more: false });
+    }
+
+    #[test]
+    fn a_due_prefix_longer_than_the_budget_asks_for_another_pass_at_once() {
+        let head: Vec<HeadRow> = (0..HEAD).map(|k| (k * 10, k * 10 + 9, true, at(k))).collect();
+        let p = plan(7, 0, 10_000, &head, 100);
+        assert_eq!((p.purge, p.purged_below, p.oldest_at, p.more), (Some((0, (HEAD - 2) * 10 + 9)), (HEAD - 1) * 10, None, true));
+        let p = plan(7, 0, 10_000, &head, 2);
+        assert_eq!((p.purge, p.purged_below, p.oldest_at, p.more), (Some((0, 19)), 20, None, true));
+        let p = plan(7, 0, 10_000, &head, 0);
+        assert_eq!((p.purge, p.purged_below, p.oldest_at, p.more), (None, 0, None, true));
+    }
 }
