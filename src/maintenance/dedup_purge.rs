@@ -11,8 +11,8 @@
 //! segment not yet purged was made. Finding the work reads partitions and
 //! marks, never the segments, so a tick costs what is due plus one row per
 //! partition, not the stored history. A tick is one statement when nothing is
-//! due and five however many partitions it serves. Queues with a window of 0 keep their entries, which
-//! acks resolve through.
+//! due, and five however many partitions it serves. Queues with a window of 0
+//! keep their entries, which acks resolve through.
 
 use std::collections::HashMap;
 
