@@ -38,6 +38,28 @@ async fn retention_removes_old_segments_and_a_cursor_in_the_gap_moves_on() {
 }
 
 #[tokio::test]
+async fn retention_takes_the_index_entries_of_what_it_removes() {
+    // Retention shorter than the (default, hour-long) dedup window: the purge
+    // would never reach these segments, so retention takes their entries.
+    let b = fast_broker().await;
+    b.post("/api/v1/configure", json!({"queue": "rt", "options": {"retentionSeconds": 1}})).await;
+    let push = |txn: &'static str| {
+        let b = &b;
+        async move {
+            let (status, body) = b.post("/api/v1/push", json!({"items": [{"queue": "rt", "partition": "p", "transactionId": txn, "payload": 1}]})).await;
+            assert_eq!(status, 201, "{body}");
+            body[0]["status"].as_str().unwrap().to_string()
+        }
+    };
+    assert_eq!(push("r-1").await, "queued");
+    assert_eq!(push("r-2").await, "queued");
+    assert_eq!(push("r-1").await, "duplicate");
+    eventually("the segments to expire", Duration::from_secs(6), || async { count(&b, "SELECT count(*) FROM queen.segments").await == 0 }).await;
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.txn_index").await, 0, "the entries went with their segments");
+    assert_eq!(push("r-1").await, "queued", "forgotten with its message");
+}
+
+#[tokio::test]
 async fn completed_retention_waits_for_every_group() {
     let b = fast_broker().await;
     b.push_to("done", "p", &[json!("a")]).await;

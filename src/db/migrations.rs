@@ -40,6 +40,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(12, "0012_pop_set_claim.sql"),
     migration!(13, "0013_first_contact.sql"),
     migration!(14, "0014_dedup_purge_marks.sql"),
+    migration!(15, "0015_retention_takes_index_entries.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

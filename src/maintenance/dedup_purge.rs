@@ -19,9 +19,8 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 
+use super::index_entries::Doomed;
 use crate::db::DbError;
-use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
-use crate::push::coalescer::txn_hash;
 
 /// Segments of one partition looked at per tick (one more tells whether the
 /// due prefix goes on); a partition with more due is looked at again at once.
@@ -59,38 +58,10 @@ const BLOBS_SQL: &str = "
     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) r (pid, lo, hi)
     JOIN queen.segments s ON s.partition_id = r.pid AND s.base_offset BETWEEN r.lo AND r.hi";
 
-/// Deletes entries by (partition, hash) inside the purged range's offsets.
-const DELETE_SQL: &str = "
-    DELETE FROM queen.txn_index t
-    USING unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) d (pid, hash, lo, hi)
-    WHERE t.partition_id = d.pid AND t.txn_hash = d.hash AND t.msg_offset BETWEEN d.lo AND d.hi";
-
 const MARK_SQL: &str = "
     INSERT INTO queen.dedup_purge_marks (partition_id, purged_below, oldest_at)
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[])
     ON CONFLICT (partition_id) DO UPDATE SET purged_below = EXCLUDED.purged_below, oldest_at = EXCLUDED.oldest_at";
-
-/// Most entries one delete statement names.
-const DELETE_CHUNK: usize = 50_000;
-
-/// Index entries to delete, as the arrays `DELETE_SQL` takes.
-#[derive(Default)]
-struct Doomed {
-    pid: Vec<i64>,
-    hash: Vec<i64>,
-    lo: Vec<i64>,
-    hi: Vec<i64>,
-}
-
-impl Doomed {
-    async fn delete(&mut self, client: &deadpool_postgres::Client, stmt: &tokio_postgres::Statement) -> Result<(), DbError> {
-        if !self.pid.is_empty() {
-            client.execute(stmt, &[&self.pid, &self.hash, &self.lo, &self.hi]).await?;
-        }
-        *self = Doomed::default();
-        Ok(())
-    }
-}
 
 /// What a tick decided for one partition.
 #[derive(Debug, PartialEq)]
@@ -163,23 +134,13 @@ pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
             (ranges.iter().map(|r| r.0).collect(), ranges.iter().map(|r| r.1).collect(), ranges.iter().map(|r| r.2).collect());
         let blobs = client.prepare_cached(BLOBS_SQL).await?;
         let span: HashMap<i64, (i64, i64)> = ranges.iter().map(|&(p, lo, hi)| (p, (lo, hi))).collect();
-        let delete = client.prepare_cached(DELETE_SQL).await?;
         let mut doomed = Doomed::default();
         for s in client.query(&blobs, &[&pids, &los, &his]).await? {
             let pid: i64 = s.get(0);
-            let Ok(frames) = decompress_frames(s.get::<_, &[u8]>(1), SEGMENT_LIMIT) else { continue };
             let (lo, hi) = span[&pid];
-            for f in FrameReader::new(&frames).filter_map(Result::ok) {
-                doomed.pid.push(pid);
-                doomed.hash.push(txn_hash(f.transaction_id));
-                doomed.lo.push(lo);
-                doomed.hi.push(hi);
-            }
-            if doomed.pid.len() >= DELETE_CHUNK {
-                doomed.delete(&client, &delete).await?;
-            }
+            doomed.add_segment(&client, pid, lo, hi, s.get(1)).await?;
         }
-        doomed.delete(&client, &delete).await?;
+        doomed.delete(&client).await?;
     }
     if !plans.is_empty() {
         let pids: Vec<i64> = plans.iter().map(|p| p.pid).collect();

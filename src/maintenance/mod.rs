@@ -4,6 +4,7 @@
 //! a failed tick as a skipped one (the next tick retries).
 
 pub mod dedup_purge;
+pub mod index_entries;
 pub mod metrics_sampler;
 pub mod partition_cleanup;
 pub mod retention;
