@@ -11,6 +11,13 @@ async fn fast_broker() -> Broker {
     Broker::start_with(&[("RETENTION_INTERVAL", "300"), ("METRICS_FLUSH_MS", "300")]).await
 }
 
+/// Pushes one message with `txn` to partition p of `queue`; its status.
+async fn push_status(b: &Broker, queue: &str, txn: &str) -> String {
+    let (status, body) = b.post("/api/v1/push", json!({"items": [{"queue": queue, "partition": "p", "transactionId": txn, "payload": 1}]})).await;
+    assert_eq!(status, 201, "{body}");
+    body[0]["status"].as_str().unwrap().to_string()
+}
+
 async fn count(b: &Broker, sql: &str) -> i64 {
     b.sql().await.query_one(sql, &[]).await.unwrap().get(0)
 }
@@ -43,14 +50,7 @@ async fn retention_takes_the_index_entries_of_what_it_removes() {
     // would never reach these segments, so retention takes their entries.
     let b = fast_broker().await;
     b.post("/api/v1/configure", json!({"queue": "rt", "options": {"retentionSeconds": 1}})).await;
-    let push = |txn: &'static str| {
-        let b = &b;
-        async move {
-            let (status, body) = b.post("/api/v1/push", json!({"items": [{"queue": "rt", "partition": "p", "transactionId": txn, "payload": 1}]})).await;
-            assert_eq!(status, 201, "{body}");
-            body[0]["status"].as_str().unwrap().to_string()
-        }
-    };
+    let push = |txn| push_status(&b, "rt", txn);
     assert_eq!(push("r-1").await, "queued");
     assert_eq!(push("r-2").await, "queued");
     assert_eq!(push("r-1").await, "duplicate");
@@ -93,14 +93,7 @@ async fn the_dedup_purge_removes_index_entries_past_the_window() {
 async fn the_dedup_purge_takes_what_left_the_window_and_keeps_what_has_not() {
     let b = fast_broker().await;
     b.post("/api/v1/configure", json!({"queue": "dw", "options": {"dedupWindowSeconds": 2}})).await;
-    let push = |txn: &'static str| {
-        let b = &b;
-        async move {
-            let (status, body) = b.post("/api/v1/push", json!({"items": [{"queue": "dw", "partition": "p", "transactionId": txn, "payload": 1}]})).await;
-            assert_eq!(status, 201, "{body}");
-            body[0]["status"].as_str().unwrap().to_string()
-        }
-    };
+    let push = |txn| push_status(&b, "dw", txn);
     assert_eq!(push("old-1").await, "queued");
     assert_eq!(push("old-2").await, "queued");
     tokio::time::sleep(Duration::from_millis(1300)).await;
