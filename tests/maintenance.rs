@@ -200,3 +200,12 @@ async fn a_partition_emptied_by_retention_is_removed_after_the_idle_time() {
     assert_eq!(count(&b, "SELECT count(*) FROM queen.consumers").await, 0, "its cursors went with it");
     assert_eq!(count(&b, "SELECT count(*) FROM queen.partitions WHERE name = 'busy'").await, 1);
 }
+
+#[tokio::test]
+async fn a_failed_statement_reads_as_the_servers_message() {
+    // Maintenance ticks and 500 answers print database errors: they must say
+    // what PostgreSQL said, not tokio-postgres's bare "db error".
+    let b = fast_broker().await;
+    let e = b.sql().await.query("SELECT 1 / 0", &[]).await.unwrap_err();
+    assert_eq!(queen::db::DbError::from(e).to_string(), "postgres: ERROR 22012: division by zero");
+}

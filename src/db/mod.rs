@@ -20,7 +20,7 @@ pub enum DbError {
     /// No connection could be had in time (pool exhausted or database down).
     #[error("pool: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", describe(.0))]
     Pg(#[from] tokio_postgres::Error),
     #[error("invalid database configuration: {0}")]
     Config(String),
@@ -28,6 +28,19 @@ pub enum DbError {
     /// stored functions rules out (a bug, not an outage).
     #[error("unexpected answer from PostgreSQL: {0}")]
     Unexpected(String),
+}
+
+/// tokio-postgres shows any server error as just "db error"; what an operator
+/// (or a client reading a 500) needs is the server's severity, code and
+/// message, or the cause of a connection failure.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
 }
 
 /// Builds the libpq-level configuration for an explicitly configured database
