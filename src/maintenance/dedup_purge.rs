@@ -52,9 +52,9 @@ const HEAD_SQL: &str = "
         LIMIT $4) h
     ORDER BY d.pid, h.base_offset";
 
-/// The blobs of the ranges being purged.
+/// The blobs of the ranges being purged, each with its range.
 const BLOBS_SQL: &str = "
-    SELECT s.partition_id, s.blob
+    SELECT s.partition_id, r.lo, r.hi, s.blob
     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) r (pid, lo, hi)
     JOIN queen.segments s ON s.partition_id = r.pid AND s.base_offset BETWEEN r.lo AND r.hi";
 
@@ -133,22 +133,17 @@ pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
         let (pids, los, his): (Vec<i64>, Vec<i64>, Vec<i64>) =
             (ranges.iter().map(|r| r.0).collect(), ranges.iter().map(|r| r.1).collect(), ranges.iter().map(|r| r.2).collect());
         let blobs = client.prepare_cached(BLOBS_SQL).await?;
-        let span: HashMap<i64, (i64, i64)> = ranges.iter().map(|&(p, lo, hi)| (p, (lo, hi))).collect();
         let mut doomed = Doomed::default();
         for s in client.query(&blobs, &[&pids, &los, &his]).await? {
-            let pid: i64 = s.get(0);
-            let (lo, hi) = span[&pid];
-            doomed.add_segment(&client, pid, lo, hi, s.get(1)).await?;
+            doomed.add_segment(&client, s.get(0), s.get(1), s.get(2), s.get(3)).await?;
         }
         doomed.delete(&client).await?;
     }
-    if !plans.is_empty() {
-        let pids: Vec<i64> = plans.iter().map(|p| p.pid).collect();
-        let below: Vec<i64> = plans.iter().map(|p| p.purged_below).collect();
-        let oldest: Vec<Option<DateTime<Utc>>> = plans.iter().map(|p| p.oldest_at).collect();
-        let mark = client.prepare_cached(MARK_SQL).await?;
-        client.execute(&mark, &[&pids, &below, &oldest]).await?;
-    }
+    let pids: Vec<i64> = plans.iter().map(|p| p.pid).collect();
+    let below: Vec<i64> = plans.iter().map(|p| p.purged_below).collect();
+    let oldest: Vec<Option<DateTime<Utc>>> = plans.iter().map(|p| p.oldest_at).collect();
+    let mark = client.prepare_cached(MARK_SQL).await?;
+    client.execute(&mark, &[&pids, &below, &oldest]).await?;
     Ok(more)
 }
 
