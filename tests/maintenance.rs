@@ -115,6 +115,24 @@ async fn the_dedup_purge_takes_what_left_the_window_and_keeps_what_has_not() {
 }
 
 #[tokio::test]
+async fn the_dedup_purge_leaves_a_partition_alone_until_its_creation_leaves_the_window() {
+    // 100,000 new partitions must not cost the purge 100,000 marks in the
+    // first minutes: none of their segments can be older than they are.
+    let b = fast_broker().await;
+    b.post("/api/v1/configure", json!({"queue": "young", "options": {"dedupWindowSeconds": 2}})).await;
+    for p in ["a", "b", "c"] {
+        b.push_to("young", p, &[json!(p)]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await; // three ticks
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.dedup_purge_marks").await, 0, "no partition is due yet");
+    eventually("the entries to go", Duration::from_secs(5), || async {
+        count(&b, "SELECT count(*) FROM queen.txn_index").await == 0
+    })
+    .await;
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.dedup_purge_marks WHERE purged_below = 1").await, 3);
+}
+
+#[tokio::test]
 async fn the_dedup_purge_walks_a_long_history_in_passes() {
     let b = fast_broker().await;
     b.post("/api/v1/configure", json!({"queue": "long", "options": {"dedupWindowSeconds": 1}})).await;

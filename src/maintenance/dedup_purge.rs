@@ -27,7 +27,10 @@ use crate::db::DbError;
 const HEAD: i64 = 32;
 
 /// The due partitions: windowed queues, segments past the mark, and the
-/// oldest of them out of the window as it is now, or not known.
+/// oldest of them out of the window as it is now, or not known. A partition
+/// without a mark has none older than itself, so it is not due before its own
+/// creation leaves the window: 100,000 new partitions would otherwise be
+/// marked a batch per tick, each tick scanning further for the unmarked.
 const DUE_SQL: &str = "
     SELECT p.id, COALESCE(m.purged_below, 0), p.last_offset, q.dedup_window_seconds
     FROM queen.partitions p
@@ -35,7 +38,8 @@ const DUE_SQL: &str = "
     LEFT JOIN queen.dedup_purge_marks m ON m.partition_id = p.id
     WHERE q.dedup_window_seconds > 0
       AND p.last_offset >= COALESCE(m.purged_below, 0)
-      AND (m.oldest_at IS NULL OR m.oldest_at < now() - make_interval(secs => q.dedup_window_seconds))
+      AND (m.partition_id IS NOT NULL AND m.oldest_at IS NULL
+           OR COALESCE(m.oldest_at, p.created_at) < now() - make_interval(secs => q.dedup_window_seconds))
     LIMIT $1";
 
 /// The head of each due partition past its mark, without blobs: offsets,
