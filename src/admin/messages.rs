@@ -357,8 +357,8 @@ pub async fn list(pool: &Pool, f: &MessageFilter) -> Result<Value, DbError> {
             let blob: &[u8] = r.get(5);
             let Ok(frames) = decompress_frames(blob, SEGMENT_LIMIT) else { continue };
             let decoded: Vec<_> = FrameReader::new(&frames).filter_map(Result::ok).collect();
-            if !cursor_cache.contains_key(&pid) {
-                cursor_cache.insert(pid, cursors(&client, pid).await?);
+            if let std::collections::hash_map::Entry::Vacant(e) = cursor_cache.entry(pid) {
+                e.insert(cursors(&client, pid).await?);
             }
             for (i, fr) in decoded.iter().enumerate().rev() {
                 examined += 1;

@@ -47,7 +47,9 @@ impl InFlight {
 }
 
 /// Takes a permit of the request's family, or answers 503 at once when the
-/// family is at its cap. `None` for uncapped paths (health, metrics).
+/// family is at its cap. `None` for uncapped paths (health, metrics). The
+/// error is the 503 itself (see `auth::check`).
+#[allow(clippy::result_large_err)]
 pub fn admit<'a>(state: &'a AppState, req: &Request) -> Result<Option<SemaphorePermit<'a>>, Response> {
     let Some((family, gate)) = state.inflight.family(req.method(), req.uri().path()) else {
         return Ok(None);

@@ -117,8 +117,11 @@ struct Lane {
     full: Notify,
 }
 
+/// One shard of the lanes, by (queue, partition).
+type LaneMap = HashMap<(String, String), Arc<Lane>>;
+
 struct Inner {
-    shards: Vec<Mutex<HashMap<(String, String), Arc<Lane>>>>,
+    shards: Vec<Mutex<LaneMap>>,
     group: GroupCommitter,
     cfg: CoalesceConfig,
     flushers: AtomicUsize,
