@@ -4,7 +4,8 @@
 //! Each (queue, partition) with pending work has a *lane*: a queue of entries
 //! (chunks of requests) and at most one flusher task. The flusher takes as many
 //! entries as fit the frame and byte bounds, compresses them into one segment,
-//! and makes one round trip to `queen.push_segment_v2`. While that write is in
+//! and hands it to the group committer (`push::group`), which writes it with
+//! what other lanes have ready. While that write is in
 //! flight new entries pile up behind it and go out together in the next
 //! write, so batching grows with load on its own; an idle lane's first write
 //! also waits up to `hold` for company. Lanes never wait on each other, and a
