@@ -210,7 +210,14 @@ fn spawn_pool_reaper(pool: deadpool_postgres::Pool, idle: Duration, mut shutdown
 
 /// The background services, each with the shutdown signal.
 fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &broadcast::Sender<()>) {
-    use crate::maintenance::{dedup_purge, metrics_sampler, partition_cleanup, retention, spawn_service};
+    use crate::maintenance::{analyze, dedup_purge, metrics_sampler, partition_cleanup, retention, spawn_service};
+    if let Some(every) = config.analyze_interval {
+        let p = pool.clone();
+        spawn_service("analyze", every, stop.subscribe(), move || {
+            let p = p.clone();
+            async move { analyze::tick(&p).await }
+        });
+    }
     if let Some(idle) = config.partition_cleanup {
         let (p, batch) = (pool.clone(), config.retention_batch);
         spawn_service("partition_cleanup", config.retention_interval, stop.subscribe(), move || {

@@ -161,6 +161,9 @@ pub struct Config {
     pub server_id: String,
     /// Idle time after which an emptied partition is removed (None = never).
     pub partition_cleanup: Option<Duration>,
+    /// How often the tables that grow in jumps are checked for stale planner
+    /// statistics (`maintenance::analyze`); None = never.
+    pub analyze_interval: Option<Duration>,
     /// The push spool's directory and how often it is replayed.
     pub file_buffer_dir: PathBuf,
     pub file_buffer_flush: Duration,
@@ -359,6 +362,10 @@ impl Config {
             metrics_flush: ms(&["METRICS_FLUSH_MS"], 60_000, 100)?,
             metrics_retention_days: env.parse(&["METRICS_RETENTION_DAYS"], 90i32, "a number of days of at least 1", |v| *v >= 1)?,
             server_id: env.string(&["QUEEN_SERVER_ID", "HOSTNAME"], &format!("queen-{}", std::process::id())),
+            analyze_interval: match env.parse(&["QUEEN_ANALYZE_INTERVAL_MS"], 1000u64, "0 (off) or a whole number of milliseconds of at least 100", |v| *v == 0 || *v >= 100)? {
+                0 => None,
+                v => Some(Duration::from_millis(v)),
+            },
             partition_cleanup: if env.boolean(&["QUEEN_PARTITION_CLEANUP_ENABLED"], true)? {
                 let days: f64 = env.parse(&["PARTITION_CLEANUP_DAYS"], 30.0, "a number of days above 0", |d: &f64| *d > 0.0 && d.is_finite())?;
                 Some(Duration::from_secs_f64(days * 86_400.0))
@@ -423,6 +430,7 @@ impl Config {
         ("QUEEN_SERVER_ID (or HOSTNAME)", "queen-<pid>", "this broker's name in analytics samples"),
         ("PARTITION_CLEANUP_DAYS", "30", "days an emptied partition stays unwritten before it is removed (fractions allowed)"),
         ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
+        ("QUEEN_ANALYZE_INTERVAL_MS", "1000", "ms between checks for partitions or cursors grown past twice their planner statistics, which are then refreshed (0 = leave it to autovacuum)"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage"),
         ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
         ("QUEEN_MAX_CONNECTIONS", "10000", "open connections; one over the cap is closed at once"),

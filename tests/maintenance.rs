@@ -148,6 +148,32 @@ async fn the_dedup_purge_walks_a_long_history_in_passes() {
 }
 
 #[tokio::test]
+async fn a_table_grown_past_twice_its_statistics_is_analyzed() {
+    let b = Broker::start_with(&[("QUEEN_ANALYZE_INTERVAL_MS", "200")]).await;
+    let sql = b.sql().await;
+    let reltuples = |table: &'static str| {
+        let sql = &sql;
+        async move {
+            let n: f32 = sql.query_one("SELECT reltuples FROM pg_class WHERE oid = $1::text::regclass", &[&table]).await.unwrap().get(0);
+            n
+        }
+    };
+    b.push_to("small", "p", &[json!(1)]).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(reltuples("queen.partitions").await < 0.0, "a table under 1,000 rows is left to autovacuum");
+    sql.batch_execute(
+        "INSERT INTO queen.partitions (queue_id, name) SELECT q.id, 'g' || n FROM queen.queues q, generate_series(1, 3000) n",
+    )
+    .await
+    .unwrap();
+    eventually("queen.partitions to be analyzed", Duration::from_secs(8), || async {
+        reltuples("queen.partitions").await >= 3000.0
+    })
+    .await;
+    assert!(reltuples("queen.consumers").await < 0.0, "the cursors did not grow");
+}
+
+#[tokio::test]
 async fn the_sampler_persists_per_queue_traffic() {
     let b = fast_broker().await;
     b.push_to("sampled", "p", &[json!(1), json!(2), json!(3)]).await;

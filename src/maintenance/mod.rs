@@ -1,8 +1,10 @@
 //! Background services, one file each: retention, the dedup-window purge of
-//! the transaction index, empty-partition cleanup, and the metrics sampler. Each runs on its own
+//! the transaction index, empty-partition cleanup, the metrics sampler, and
+//! planner statistics for tables that grow in jumps. Each runs on its own
 //! cadence until the shutdown signal, does bounded work per tick, and treats
 //! a failed tick as a skipped one (the next tick retries).
 
+pub mod analyze;
 pub mod dedup_purge;
 pub mod index_entries;
 pub mod metrics_sampler;
