@@ -161,8 +161,8 @@ pub struct Config {
     pub server_id: String,
     /// Idle time after which an emptied partition is removed (None = never).
     pub partition_cleanup: Option<Duration>,
-    /// How often the tables that grow in jumps are checked for stale planner
-    /// statistics (`maintenance::analyze`); None = never.
+    /// How often the partition table is checked for stale planner statistics
+    /// (`maintenance::analyze`); None = never.
     pub analyze_interval: Option<Duration>,
     /// The push spool's directory and how often it is replayed.
     pub file_buffer_dir: PathBuf,
@@ -430,7 +430,7 @@ impl Config {
         ("QUEEN_SERVER_ID (or HOSTNAME)", "queen-<pid>", "this broker's name in analytics samples"),
         ("PARTITION_CLEANUP_DAYS", "30", "days an emptied partition stays unwritten before it is removed (fractions allowed)"),
         ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
-        ("QUEEN_ANALYZE_INTERVAL_MS", "1000", "ms between checks for partitions or cursors grown past twice their planner statistics, which are then refreshed (0 = leave it to autovacuum)"),
+        ("QUEEN_ANALYZE_INTERVAL_MS", "1000", "ms between checks for a partition table grown past twice its planner statistics, which are then refreshed (0 = leave it to autovacuum)"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage"),
         ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
         ("QUEEN_MAX_CONNECTIONS", "10000", "open connections; one over the cap is closed at once"),

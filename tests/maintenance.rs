@@ -148,7 +148,7 @@ async fn the_dedup_purge_walks_a_long_history_in_passes() {
 }
 
 #[tokio::test]
-async fn a_table_grown_past_twice_its_statistics_is_analyzed() {
+async fn the_partition_table_grown_past_twice_its_statistics_is_analyzed() {
     let b = Broker::start_with(&[("QUEEN_ANALYZE_INTERVAL_MS", "200")]).await;
     let sql = b.sql().await;
     let reltuples = |table: &'static str| {
@@ -170,7 +170,7 @@ async fn a_table_grown_past_twice_its_statistics_is_analyzed() {
         reltuples("queen.partitions").await >= 3000.0
     })
     .await;
-    assert!(reltuples("queen.consumers").await < 0.0, "the cursors did not grow");
+    assert!(reltuples("queen.consumers").await < 0.0, "the cursor table is left to autovacuum");
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! Background services, one file each: retention, the dedup-window purge of
 //! the transaction index, empty-partition cleanup, the metrics sampler, and
-//! planner statistics for tables that grow in jumps. Each runs on its own
+//! planner statistics for the partition table, which grows in jumps. Each runs on its own
 //! cadence until the shutdown signal, does bounded work per tick, and treats
 //! a failed tick as a skipped one (the next tick retries).
 
