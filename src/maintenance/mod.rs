@@ -1,8 +1,8 @@
 //! Background services, one file each: retention, the dedup-window purge of
 //! the transaction index, empty-partition cleanup, the metrics sampler, and
-//! planner statistics for the partition table, which grows in jumps. Each runs on its own
-//! cadence until the shutdown signal, does bounded work per tick, and treats
-//! a failed tick as a skipped one (the next tick retries).
+//! the planner statistics of the partition table, which grows in jumps. Each
+//! runs on its own cadence until the shutdown signal, does bounded work per
+//! tick, and treats a failed tick as a skipped one (the next tick retries).
 
 pub mod analyze;
 pub mod dedup_purge;

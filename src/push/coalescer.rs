@@ -5,12 +5,12 @@
 //! (chunks of requests) and at most one flusher task. The flusher takes as many
 //! entries as fit the frame and byte bounds, compresses them into one segment,
 //! and hands it to the group committer (`push::group`), which writes it with
-//! what other lanes have ready. While that write is in
-//! flight new entries pile up behind it and go out together in the next
-//! write, so batching grows with load on its own; an idle lane's first write
-//! also waits up to `hold` for company. Lanes never wait on each other, and a
-//! lane disappears from the map as soon as it has nothing left to write, so
-//! memory follows the partitions being written right now, not all of them.
+//! what other lanes have ready. While that write is in flight new entries
+//! pile up behind it and go out together in the next write, so batching
+//! grows with load on its own; an idle lane's first write also waits up to
+//! `hold` for company. Lanes never wait on each other, and a lane disappears
+//! from the map as soon as it has nothing left to write, so memory follows
+//! the partitions being written right now, not all of them.
 //!
 //! An entry's sender learns its outcome only after COMMIT: that is what makes
 //! a `201` mean durable.
