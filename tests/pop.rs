@@ -46,6 +46,7 @@ both_modes!(
     a_long_poll_is_woken_by_a_push,
     twenty_consumers_on_fifty_partitions_get_every_message_exactly_once,
     fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock,
+    cursors_a_group_made_before_it_registered_are_kept_at_first_contact,
 );
 
 async fn an_empty_pop_is_a_bare_204_and_provisions_the_queue(hotlist: bool) {
@@ -360,6 +361,28 @@ async fn fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock(ho
     assert_eq!(seeded, 200, "the elected seeder seeded every partition's cursor");
 }
 
+/// Single-partition pops make cursor rows without registering the group.
+/// Its first wildcard pop must keep them: the first contact's insert without
+/// a conflict check meets the existing row and falls back to the general
+/// rules, which leave it alone.
+async fn cursors_a_group_made_before_it_registered_are_kept_at_first_contact(hotlist: bool) {
+    let b = broker(hotlist).await;
+    b.push_to("early", "a", &[json!("a0"), json!("a1"), json!("a2")]).await;
+    b.push_to("early", "b", &[json!("b0"), json!("b1")]).await;
+    let r = b.pop("/api/v1/pop/queue/early/partition/a?consumerGroup=g&batch=2&autoAck=true").await;
+    assert_eq!(r.data(), [json!("a0"), json!("a1")]);
+    let r = b.pop("/api/v1/pop/queue/early?consumerGroup=g&batch=10&partitions=5&autoAck=true").await;
+    let mut got: Vec<String> = r.data().iter().map(|d| d.as_str().unwrap().to_string()).collect();
+    got.sort();
+    assert_eq!(got, ["a2", "b0", "b1"], "a0 and a1 were consumed before the group registered");
+    assert_eq!(b.pop("/api/v1/pop/queue/early?consumerGroup=g&autoAck=true").await.status, 204);
+    let sql = b.sql().await;
+    let subs: i64 = sql.query_one("SELECT count(*) FROM queen.subscriptions WHERE consumer_group = 'g'", &[]).await.unwrap().get(0);
+    assert_eq!(subs, 1, "the group is registered");
+    let cursors: i64 = sql.query_one("SELECT count(*) FROM queen.consumers WHERE consumer_group = 'g'", &[]).await.unwrap().get(0);
+    assert_eq!(cursors, 2);
+}
+
 fn urlencode(s: &str) -> String {
     serde_urlencoded::to_string([("v", s)]).unwrap()[2..].to_string()
 }
@@ -400,6 +423,66 @@ async fn a_pop_whose_ring_candidates_were_emptied_behind_its_back_looks_again() 
     assert_eq!(r.status, 200, "a pop must not answer empty while the ring still holds work");
     assert_eq!(r.data(), [json!("e")]);
     assert_eq!(b.pop("/api/v1/pop/queue/stale?consumerGroup=g&partitions=1").await.status, 204);
+}
+
+/// Eight consumers of a new group popping at once: one pop leads the first
+/// contact (it registers the group, seeding its cursors, and reads the
+/// ring's first seed); the others wait for it and claim from the ring. Before,
+/// each took the SQL path: eight registrations (`register_group_v2`) and
+/// eight candidate scans of every partition (`pop_wildcard_v2`).
+#[tokio::test]
+async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_seed() {
+    let c = common::cluster();
+    let db = c.create_db().await;
+    c.connect(&db).await.batch_execute(&format!("ALTER DATABASE {db} SET track_functions = 'pl'")).await.unwrap();
+    let env = vec![("QUEEN_DATABASE_URL".to_string(), c.url(&db)), ("QUEEN_HOTLIST".to_string(), "true".to_string())];
+    let mut b = Broker::spawn(db, env).await;
+    let items: Vec<Value> = (0..200).map(|p| json!({"queue": "crowd", "partition": format!("p{p}"), "payload": p})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let url = format!("{}/api/v1/pop/queue/crowd?batch=10&partitions=4&consumerGroup=fresh&autoAck=true", b.url);
+        let http = b.http.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = http.get(url).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200, "200 partitions have work for every first pop");
+            let body: Value = r.json().await.unwrap();
+            body["messages"].as_array().unwrap().iter().map(|m| m["data"].as_i64().unwrap()).collect::<Vec<i64>>()
+        }));
+    }
+    let mut got = Vec::new();
+    for t in tasks {
+        got.extend(t.await.unwrap());
+    }
+    assert_eq!(got.len(), 32, "four partitions of one message each, eight times");
+    assert_eq!(got.iter().collect::<HashSet<_>>().len(), 32, "no message twice");
+    // A backend flushes its function statistics when it exits: stop the
+    // broker, wait for its connections to go, then count.
+    b.terminate().await;
+    let sql = c.connect(&b.db).await;
+    common::eventually("the broker's connections to close", Duration::from_secs(10), || async {
+        let others: i64 = sql
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        others == 0
+    })
+    .await;
+    let calls = |f: &'static str| {
+        let sql = &sql;
+        async move {
+            let row = sql
+                .query_opt("SELECT calls FROM pg_stat_user_functions WHERE schemaname = 'queen' AND funcname = $1", &[&f])
+                .await
+                .unwrap();
+            row.map_or(0, |r| r.get::<_, i64>(0))
+        }
+    };
+    assert!(calls("pop_list_v3").await >= 1, "the pops claimed through the ring");
+    assert_eq!(calls("first_contact_v1").await, 1, "one first contact");
+    assert_eq!(calls("register_group_v2").await, 0, "a new group from the beginning needs no general rules");
+    assert_eq!(calls("pop_wildcard_v2").await, 0, "no pop scanned every partition for candidates");
 }
 
 #[tokio::test]

@@ -456,12 +456,14 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
             let auto_ack = mode != Mode::Leased;
             let frames = if mode == Mode::Frames { "&frames=true" } else { "" };
             let pop = format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}{frames}");
+            let mut first = None;
             while consumed.load(std::sync::atomic::Ordering::Relaxed) < messages && Instant::now() < deadline {
                 let Ok(r) = client.get(&pop).send().await else { continue };
                 if r.status().as_u16() != 200 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
                 }
+                first.get_or_insert_with(|| started.elapsed());
                 if mode == Mode::Frames {
                     let body = r.bytes().await.expect("pop answer");
                     consumed.fetch_add(count_framed(&body), std::sync::atomic::Ordering::Relaxed);
@@ -479,11 +481,16 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                 }
                 consumed.fetch_add(answer.messages.len(), std::sync::atomic::Ordering::Relaxed);
             }
+            first
         }));
     }
+    // When the last consumer got its first messages: the group's first
+    // contact with the queue (registration, cursor seeding, first claims).
+    let mut first_all = Duration::ZERO;
     for t in tasks {
-        t.await.expect("consumer");
+        first_all = first_all.max(t.await.expect("consumer").unwrap_or(Duration::ZERO));
     }
+    let first_ms = first_all.as_secs_f64() * 1000.0;
     let secs = started.elapsed().as_secs_f64();
     let n = consumed.load(std::sync::atomic::Ordering::Relaxed);
     let mode = match mode {
@@ -491,10 +498,11 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
         Mode::AutoAck => "autoAck",
         Mode::Frames => "frames",
     };
-    println!("scenario  messages  partitions  batch  pop-partitions  consumers  mode     seconds  msg/s");
-    println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {mode:<8} {secs:<8.1} {:.0}", n as f64 / secs);
+    println!("scenario  messages  partitions  batch  pop-partitions  consumers  mode     seconds  msg/s     all-served ms");
+    println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {mode:<8} {secs:<8.1} {:<9.0} {first_ms:.0}", n as f64 / secs);
     println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,
-                          "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs}));
+                          "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs,
+                          "all_served_ms": first_ms}));
 }
 
 async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers: usize, duration: Duration, probe_dir: Option<std::path::PathBuf>) {

@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(13, "0013_first_contact.sql"),
     migration!(14, "0014_dedup_purge_marks.sql"),
     migration!(15, "0015_retention_takes_index_entries.sql"),
+    migration!(16, "0016_first_contact_seed.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -49,6 +49,7 @@ const DISCOVER_SQL: &str = "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, 
 const SPECIFIC_SQL: &str = "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
 const RESEED_MANY_SQL: &str = "SELECT o_ring, o_partition_id, o_partition FROM queen.hotlist_seed_many_v1($1, $2)";
+const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v1($1, $2, $3, $4)";
 const PENDING_SQL: &str =
     "SELECT queen.has_pending_v1(q.id, $2) FROM queen.queues q WHERE q.name = $1";
 
@@ -103,6 +104,19 @@ pub async fn claim_candidates(
         &p.intent_from,
     ];
     Ok(assemble(query(client, LIST_SQL, &args).await?))
+}
+
+/// A first contact of the pop's group with `queue` (creating the queue if
+/// needed, as the SQL path does): registers the group, which seeds its
+/// cursors the first time, and answers the partitions with pending data
+/// (the ring's first seed).
+pub async fn first_contact(
+    client: &deadpool_postgres::Client,
+    queue: &str,
+    p: &PopParams,
+) -> Result<Vec<(i64, String)>, tokio_postgres::Error> {
+    let rows = query(client, FIRST_CONTACT_SQL, &[&queue, &p.group, &p.intent_mode, &p.intent_from]).await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// Partitions of `queue` with pending data for `group` (the ring's reseed).

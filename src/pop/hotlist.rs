@@ -49,6 +49,9 @@ struct Ring {
     /// push or a reseed adds one): pops that found every member checked out
     /// wait for it (see `await_return`).
     refilled: Arc<Notify>,
+    /// Set while the first contact that made this ring registers the group
+    /// and reads its first seed (see [`Seeding`]); fired when it is done.
+    seeding: Option<Arc<Notify>>,
 }
 
 /// `every` scaled by a random factor in [0.75, 1.25).
@@ -60,8 +63,12 @@ fn jittered(every: Duration) -> Duration {
 /// What a pop should do, decided before any permit or connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plan {
-    /// First pop of this (queue, group) here: take the SQL path.
+    /// First pop of this (queue, group) here: lead its first contact
+    /// ([`HotList::begin_seeding`]).
     NoRing,
+    /// Another pop is leading the first contact: wait for it
+    /// ([`HotList::await_seeded`]).
+    Seeding,
     /// Nothing believed pending and no reseed due: answer empty at once.
     NothingReady,
     /// Ask PostgreSQL; reseed the ring first if due.
@@ -107,6 +114,9 @@ impl HotList {
     pub fn plan(&self, queue: &str, group: &str, waits: bool) -> Plan {
         let defer = waits && self.background();
         self.with_ring(queue, group, |r| {
+            if r.seeding.is_some() {
+                return Plan::Seeding;
+            }
             let reseed = r.last_reseed.is_none_or(|t| t.elapsed() >= r.period);
             if reseed && !(defer && r.ready.is_empty()) {
                 r.last_reseed = Some(Instant::now());
@@ -140,7 +150,7 @@ impl HotList {
                 if due.len() >= max {
                     break 'all;
                 }
-                if r.ready.is_empty() && r.last_reseed.is_none_or(|t| t.elapsed() >= r.period) {
+                if r.seeding.is_none() && r.ready.is_empty() && r.last_reseed.is_none_or(|t| t.elapsed() >= r.period) {
                     r.last_reseed = Some(Instant::now());
                     r.period = jittered(self.reseed_every);
                     due.push((queue.clone(), group.clone()));
@@ -150,17 +160,56 @@ impl HotList {
         due
     }
 
-    /// Creates the ring after the first SQL pop; its first reseed is due now.
-    pub fn create(&self, queue: &str, group: &str) {
-        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
-        rings.entry(queue.to_string()).or_default().entry(group.to_string()).or_insert_with(|| Ring {
+    fn new_ring(&self, seeding: Option<Arc<Notify>>) -> Ring {
+        Ring {
             ready: VecDeque::new(),
             members: HashMap::new(),
             estimates: HashMap::new(),
-            last_reseed: None,
+            last_reseed: seeding.as_ref().map(|_| Instant::now()),
             period: jittered(self.reseed_every),
             refilled: Arc::new(Notify::new()),
-        });
+            seeding,
+        }
+    }
+
+    /// Creates a ring whose first reseed is due now.
+    #[cfg(test)]
+    pub fn create(&self, queue: &str, group: &str) {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        let groups = rings.entry(queue.to_string()).or_default();
+        if !groups.contains_key(group) {
+            groups.insert(group.to_string(), self.new_ring(None));
+        }
+    }
+
+    /// Makes the caller the leader of the first contact of (queue, group) on
+    /// this broker: the ring exists from now on (pushes meanwhile land in
+    /// it), but pops wait ([`Plan::Seeding`]) until the leader has
+    /// registered the group and read the first seed. One pop does that work
+    /// instead of every consumer of a new group scanning all partitions at
+    /// once. `None` when the ring already exists (plan again).
+    pub fn begin_seeding(self: &Arc<Self>, queue: &str, group: &str) -> Option<Seeding> {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        let groups = rings.entry(queue.to_string()).or_default();
+        if groups.contains_key(group) {
+            return None;
+        }
+        let done = Arc::new(Notify::new());
+        groups.insert(group.to_string(), self.new_ring(Some(done.clone())));
+        Some(Seeding { list: self.clone(), queue: queue.to_string(), group: group.to_string(), done, finished: false })
+    }
+
+    /// The wait for a first contact in flight, registered under the lock so
+    /// its end cannot be missed; `None` when none is in flight (plan again).
+    pub fn await_seeded(&self, queue: &str, group: &str) -> Option<Pin<Box<OwnedNotified>>> {
+        self.with_ring(queue, group, |r| {
+            r.seeding.as_ref().map(|done| {
+                let mut wait = Box::pin(done.clone().notified_owned());
+                wait.as_mut().enable();
+                wait
+            })
+        })
+        .flatten()
     }
 
     /// Forgets rings after their cursors moved behind the ring's back (a seek,
@@ -304,6 +353,50 @@ impl Ring {
             Some(Member::Out { dirty }) => *dirty = true,
             Some(Member::Ready) => {}
         }
+    }
+}
+
+/// The lead of a first contact ([`HotList::begin_seeding`]). `finish` hands
+/// the ring its first seed and lets the waiting pops in; dropped unfinished
+/// (an error, a client gone), it removes the ring, so the next pop leads
+/// anew, and wakes the waiters to do so.
+pub struct Seeding {
+    list: Arc<HotList>,
+    queue: String,
+    group: String,
+    done: Arc<Notify>,
+    finished: bool,
+}
+
+impl Seeding {
+    pub fn finish(mut self, pending: Vec<(i64, String)>) {
+        self.list.reseed(&self.queue, &self.group, pending);
+        self.list.with_ring(&self.queue, &self.group, |r| {
+            if r.seeding.as_ref().is_some_and(|d| Arc::ptr_eq(d, &self.done)) {
+                r.seeding = None;
+            }
+        });
+        self.finished = true;
+    }
+}
+
+impl Drop for Seeding {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut rings = self.list.rings.lock().expect("hot-list lock poisoned");
+            if let Some(groups) = rings.get_mut(&self.queue) {
+                let ours = groups
+                    .get(&self.group)
+                    .is_some_and(|r| r.seeding.as_ref().is_some_and(|d| Arc::ptr_eq(d, &self.done)));
+                if ours {
+                    groups.remove(&self.group);
+                }
+                if groups.is_empty() {
+                    rings.remove(&self.queue);
+                }
+            }
+        }
+        self.done.notify_waiters();
     }
 }
 
@@ -518,5 +611,42 @@ mod tests {
         m.create("q", "g");
         assert_eq!(m.plan("q", "g", false), Plan::Claim { reseed: true }, "a pop that answers at once reseeds inline");
         assert!(m.take_due_idle(10).is_empty());
+    }
+
+    #[tokio::test]
+    async fn one_pop_leads_a_first_contact_and_the_others_wait_for_its_seed() {
+        let l = HotList::new(Duration::from_secs(3600));
+        l.reseed_in_background();
+        assert_eq!(l.plan("q", "g", false), Plan::NoRing);
+        let lead = l.begin_seeding("q", "g").expect("the first pop leads");
+        assert!(l.begin_seeding("q", "g").is_none(), "one leader per (queue, group)");
+        assert_eq!(l.plan("q", "g", false), Plan::Seeding);
+        assert_eq!(l.plan("q", "g", true), Plan::Seeding);
+        assert!(l.take_due_idle(10).is_empty(), "the background reseeder leaves a seeding ring alone");
+        let wait = l.await_seeded("q", "g").expect("a first contact is in flight");
+        // A push during the first contact is kept, beside what the seed finds.
+        l.pushed("q", 9, "p9", 1);
+        lead.finish(vec![(1, "p1".into()), (9, "p9".into())]);
+        tokio::time::timeout(Duration::from_secs(1), wait).await.expect("finishing wakes the waiters");
+        assert!(l.await_seeded("q", "g").is_none());
+        assert_eq!(l.plan("q", "g", false), Plan::Claim { reseed: false }, "the seed was just read");
+        assert_eq!(l.checkout("q", "g", 10).pids(), [9, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_first_contact_dropped_unfinished_leaves_no_ring_and_wakes_its_waiters() {
+        let l = HotList::new(Duration::from_secs(3600));
+        let lead = l.begin_seeding("q", "g").unwrap();
+        let _other = l.begin_seeding("q", "h").unwrap();
+        let wait = l.await_seeded("q", "g").unwrap();
+        drop(lead);
+        tokio::time::timeout(Duration::from_secs(1), wait).await.expect("the failed lead wakes the waiters");
+        assert_eq!(l.plan("q", "g", false), Plan::NoRing, "the next pop leads anew");
+        assert_eq!(l.plan("q", "h", false), Plan::Seeding, "another group's first contact is untouched");
+        // A ring forgotten during its first contact (a seek) is not brought back.
+        let lead = l.begin_seeding("q", "g").unwrap();
+        l.forget(Some("q"), Some("g"));
+        lead.finish(vec![(1, "p1".into())]);
+        assert_eq!(l.plan("q", "g", false), Plan::NoRing);
     }
 }
