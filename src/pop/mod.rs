@@ -314,7 +314,7 @@ impl PopService {
     /// the cursors, then scanned every partition for candidates (114 ms each
     /// at 100,000 partitions), and the ring's first reseed scanned them all
     /// once more. Four consumers were all served after 0.53-0.60 s, now
-    /// after 0.27-0.30 s; thirty-two after 1.6 s, now 0.66 s.
+    /// after 0.27-0.30 s; thirty-two after 1.6-1.8 s, now 0.39-0.43 s.
     async fn first_contact(&self, queue: &str, p: &PopParams, worker: &str, seeding: Seeding) -> Result<ClaimResult, PopError> {
         let _permit = self.permit().await?;
         let client = self.connection().await?;
