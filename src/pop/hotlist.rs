@@ -369,14 +369,20 @@ pub struct Seeding {
 }
 
 impl Seeding {
+    /// Seeds the ring with `pending` and opens it. A ring that is no longer
+    /// this one's (forgotten by a seek meanwhile, perhaps made anew by
+    /// another first contact) is left alone: the seed may predate the seek.
     pub fn finish(mut self, pending: Vec<(i64, String)>) {
-        self.list.reseed(&self.queue, &self.group, pending);
-        self.list.with_ring(&self.queue, &self.group, |r| {
-            if r.seeding.as_ref().is_some_and(|d| Arc::ptr_eq(d, &self.done)) {
-                r.seeding = None;
-            }
-        });
         self.finished = true;
+        let ours = |r: &mut Ring| r.seeding.as_ref().is_some_and(|d| Arc::ptr_eq(d, &self.done));
+        if self.list.with_ring(&self.queue, &self.group, |r| ours(r)) == Some(true) {
+            self.list.reseed(&self.queue, &self.group, pending);
+            self.list.with_ring(&self.queue, &self.group, |r| {
+                if ours(r) {
+                    r.seeding = None;
+                }
+            });
+        }
     }
 }
 
@@ -648,5 +654,14 @@ mod tests {
         l.forget(Some("q"), Some("g"));
         lead.finish(vec![(1, "p1".into())]);
         assert_eq!(l.plan("q", "g", false), Plan::NoRing);
+        // Nor is one made anew meanwhile by another first contact seeded
+        // or opened by the old one.
+        let old = l.begin_seeding("q", "g").unwrap();
+        l.forget(Some("q"), Some("g"));
+        let new = l.begin_seeding("q", "g").unwrap();
+        old.finish(vec![(1, "p1".into())]);
+        assert_eq!(l.plan("q", "g", false), Plan::Seeding, "the new first contact is still in flight");
+        new.finish(vec![(2, "p2".into())]);
+        assert_eq!(l.checkout("q", "g", 10).pids(), [2]);
     }
 }
