@@ -252,16 +252,7 @@ impl HotList {
 
     /// Adds every partition SQL says has pending data.
     pub fn reseed(&self, queue: &str, group: &str, pending: Vec<(i64, String)>) {
-        self.with_ring(queue, group, |r| {
-            for (pid, name) in pending {
-                if !r.members.contains_key(&pid) {
-                    r.estimates.insert(pid, None);
-                }
-                r.offer(pid, &Arc::from(name.as_str()));
-            }
-            r.last_reseed = Some(Instant::now());
-            r.period = jittered(self.reseed_every);
-        });
+        self.with_ring(queue, group, |r| r.reseed(pending, jittered(self.reseed_every)));
     }
 
     /// Takes up to `k` ready candidates out of the ring.
@@ -343,6 +334,17 @@ impl HotList {
 }
 
 impl Ring {
+    fn reseed(&mut self, pending: Vec<(i64, String)>, period: Duration) {
+        for (pid, name) in pending {
+            if !self.members.contains_key(&pid) {
+                self.estimates.insert(pid, None);
+            }
+            self.offer(pid, &Arc::from(name.as_str()));
+        }
+        self.last_reseed = Some(Instant::now());
+        self.period = period;
+    }
+
     fn offer(&mut self, pid: i64, name: &Arc<str>) {
         match self.members.get_mut(&pid) {
             None => {
@@ -374,15 +376,18 @@ impl Seeding {
     /// another first contact) is left alone: the seed may predate the seek.
     pub fn finish(mut self, pending: Vec<(i64, String)>) {
         self.finished = true;
-        let ours = |r: &mut Ring| r.seeding.as_ref().is_some_and(|d| Arc::ptr_eq(d, &self.done));
-        if self.list.with_ring(&self.queue, &self.group, |r| ours(r)) == Some(true) {
-            self.list.reseed(&self.queue, &self.group, pending);
-            self.list.with_ring(&self.queue, &self.group, |r| {
-                if ours(r) {
-                    r.seeding = None;
-                }
-            });
-        }
+        let period = jittered(self.list.reseed_every);
+        self.list.with_ring(&self.queue, &self.group, |r| {
+            if self.owns(r) {
+                r.reseed(pending, period);
+                r.seeding = None;
+            }
+        });
+    }
+
+    /// Whether `r` is the ring this first contact made.
+    fn owns(&self, r: &Ring) -> bool {
+        r.seeding.as_ref().is_some_and(|d| Arc::ptr_eq(d, &self.done))
     }
 }
 
@@ -391,10 +396,7 @@ impl Drop for Seeding {
         if !self.finished {
             let mut rings = self.list.rings.lock().expect("hot-list lock poisoned");
             if let Some(groups) = rings.get_mut(&self.queue) {
-                let ours = groups
-                    .get(&self.group)
-                    .is_some_and(|r| r.seeding.as_ref().is_some_and(|d| Arc::ptr_eq(d, &self.done)));
-                if ours {
+                if groups.get(&self.group).is_some_and(|r| self.owns(r)) {
                     groups.remove(&self.group);
                 }
                 if groups.is_empty() {
