@@ -235,6 +235,11 @@ fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &bro
         let p = p.clone();
         async move { dedup_purge::tick(&p, batch).await }
     });
+    // The recorder frees histogram samples only when it folds them in.
+    spawn_service("metrics_upkeep", crate::metrics::UPKEEP_EVERY, stop.subscribe(), || async {
+        crate::metrics::Telemetry::global().upkeep();
+        Ok(false)
+    });
     let (p, broker, days) = (pool.clone(), config.server_id.clone(), config.metrics_retention_days);
     spawn_service("metrics_sampler", config.metrics_flush, stop.subscribe(), move || {
         let (p, broker) = (p.clone(), broker.clone());

@@ -64,6 +64,9 @@ async fn both_metric_endpoints_report_real_traffic() {
         .filter_map(|s| s.labels.get("route"))
         .collect();
     assert!(route_labels.contains(&"/api/v1/pop/queue/:queue"), "routes are labelled by pattern: {route_labels:?}");
+    // One lag sample per delivered message: both came from one segment.
+    let lag_count = text.lines().find_map(|l| l.strip_prefix("queen_delivery_lag_seconds_count ")).and_then(|v| v.parse::<f64>().ok());
+    assert_eq!(lag_count, Some(2.0), "in\n{text}");
     // The push went through every stage once at least (one write of 3 messages).
     for stage in ["lane", "group", "pool", "write"] {
         let prefix = format!("queen_push_stage_seconds_count{{stage=\"{stage}\"}} ");

@@ -240,9 +240,7 @@ impl PopService {
             self.telemetry.popped(&c.queue, n as u64);
             for s in &c.segments {
                 let lag = (now - s.created_at).num_microseconds().unwrap_or(0).max(0) as f64 / 1e6;
-                for _ in 0..s.take {
-                    metrics::histogram!(crate::metrics::DELIVERY_LAG).record(lag);
-                }
+                self.telemetry.delivered(lag, s.take);
             }
         }
     }
