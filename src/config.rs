@@ -73,6 +73,8 @@ pub struct PopConfig {
     /// Claim permits follow PostgreSQL's latency (`db::limiter`); off = a
     /// fixed three quarters of the pool.
     pub adaptive_permits: bool,
+    /// An autoAck claim commits without waiting for the WAL flush.
+    pub autoack_async_commit: bool,
 }
 
 /// JWT authentication (API.md §5.5).
@@ -354,6 +356,7 @@ impl Config {
                 hotlist: env.boolean(&["QUEEN_HOTLIST"], true)?,
                 hotlist_reseed: ms(&["QUEEN_HOTLIST_RESEED_MS"], 30_000, 100)?,
                 adaptive_permits: env.boolean(&["QUEEN_POP_ADAPTIVE_PERMITS"], true)?,
+                autoack_async_commit: env.boolean(&["QUEEN_POP_AUTOACK_ASYNC_COMMIT"], true)?,
             },
             queue_cache_refresh: ms(&["QUEEN_CACHE_REFRESH_INTERVAL_MS"], 60_000, 50)?,
             ack_registry_bytes: env.parse(&["QUEEN_ACK_REGISTRY_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
@@ -421,6 +424,7 @@ impl Config {
         ("QUEEN_HOTLIST", "true", "broker-side candidate ring; false = SQL candidate scan"),
         ("QUEEN_HOTLIST_RESEED_MS", "30000", "how often a candidate ring is reseeded from SQL"),
         ("QUEEN_POP_ADAPTIVE_PERMITS", "true", "concurrent claims follow PostgreSQL's latency (Vegas); false = three quarters of DB_POOL_SIZE"),
+        ("QUEEN_POP_AUTOACK_ASYNC_COMMIT", "true", "an autoAck pop's claim commits without waiting for the disk (after a PostgreSQL crash its last ~0.6 s of deliveries may come again); false = wait"),
         ("QUEEN_CACHE_REFRESH_INTERVAL_MS", "60000", "how often per-queue settings cached in the broker (minPopWaitTime) are reloaded"),
         ("QUEEN_ACK_REGISTRY_MB", "64", "memory for the ack registry (leased batches resolved without PostgreSQL; 0 = always use the index)"),
         ("RETENTION_INTERVAL", "5000", "ms between retention and dedup-purge passes"),

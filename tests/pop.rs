@@ -845,3 +845,51 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     assert!(v3.0.iter().any(|r| r.starts_with(&format!("{} None \"busy\"", pids[0]))), "{:#?}", v3.0);
     other.batch_execute("ROLLBACK").await.unwrap();
 }
+
+/// An autoAck claim commits without waiting for the WAL flush, a leased one
+/// waits, and the setting ends with the claim's own transaction: the pooled
+/// connection's next statement (a push's commit, say) waits for the disk
+/// again. Driven through the broker's claim statements on a pooled client.
+#[tokio::test]
+async fn only_an_autoack_claim_commits_without_waiting_for_the_disk() {
+    use queen::pop::claim::claim_route;
+    use queen::pop::params::{PopParams, Route};
+
+    let b = Broker::start().await;
+    b.push_to("ac", "p", &[json!(1), json!(2), json!(3), json!(4)]).await;
+    let mut pg = tokio_postgres::Config::new();
+    pg.host_path(common::cluster().socket_dir.clone()).port(queen::embedded_pg::SOCKET_PORT).user("postgres").dbname(&b.db);
+    let manager = deadpool_postgres::Manager::new(pg, tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager).max_size(1).build().unwrap();
+    let client = pool.get().await.unwrap();
+    // The test cluster runs with it off for speed; a production one has it on.
+    client.batch_execute("SET synchronous_commit = on").await.unwrap();
+    let setting = || async { client.query_one("SHOW synchronous_commit", &[]).await.unwrap().get::<_, String>(0) };
+    let route = Route::Specific { queue: "ac".into(), partition: "p".into() };
+    let params = |auto_ack: &str, env: Option<&str>| {
+        let cfg = queen::config::Config::from_lookup(|k| (k == "QUEEN_POP_AUTOACK_ASYNC_COMMIT").then(|| env.map(String::from)).flatten()).unwrap();
+        let pairs = [("autoAck".to_string(), auto_ack.to_string()), ("batch".to_string(), "1".to_string())];
+        PopParams::parse(&pairs, &cfg.pop).unwrap()
+    };
+    // The leased claim last: its lease holds the partition afterwards.
+    for (auto_ack, env, inside) in [("true", None, "off"), ("true", Some("false"), "on"), ("false", None, "on")] {
+        let p = params(auto_ack, env);
+        assert_eq!(p.async_commit, inside == "off");
+        // Inside a transaction block, to read the setting the claim's COMMIT would read.
+        client.batch_execute("BEGIN").await.unwrap();
+        let r = claim_route(&client, &route, &p, "w").await.unwrap();
+        assert_eq!(r.claimed.len(), 1, "autoAck={auto_ack}: one message claimed");
+        assert_eq!(setting().await, inside, "autoAck={auto_ack}, QUEEN_POP_AUTOACK_ASYNC_COMMIT={env:?}");
+        client.batch_execute("ROLLBACK").await.unwrap();
+        // As the broker runs it: its own implicit transaction, committed.
+        let r = claim_route(&client, &route, &p, "w").await.unwrap();
+        assert_eq!(r.claimed.len(), 1);
+        assert_eq!(setting().await, "on", "the setting outlived the claim's transaction");
+    }
+    let sql = b.sql().await;
+    let row = sql
+        .query_one("SELECT c.committed, c.worker_id FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id WHERE p.name = 'p' AND c.consumer_group = $1", &[&params("true", None).group])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, Option<String>>(1)), (1, Some("w".into())), "two committed autoAck claims, then a lease");
+}

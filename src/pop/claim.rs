@@ -43,10 +43,23 @@ pub struct ClaimResult {
     pub verdicts: HashMap<i64, Verdict>,
 }
 
-const LIST_SQL: &str = "SELECT * FROM queen.pop_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9)";
-const WILDCARD_SQL: &str = "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-const DISCOVER_SQL: &str = "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
-const SPECIFIC_SQL: &str = "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+/// A claim statement twice: as it is, and for a claim whose commit need not
+/// wait for the WAL flush (`PopParams::async_commit`, an autoAck pop). The
+/// second sets `synchronous_commit` for its own implicit transaction, which
+/// its COMMIT reads; the uncorrelated subquery is an init plan, run once,
+/// before the rows, in the same round trip (docs/DECISIONS.md, "An autoAck
+/// pop's commit does not wait for the disk").
+macro_rules! claim_sql {
+    ($name:ident, $sql:literal) => {
+        const $name: [&str; 2] =
+            [$sql, concat!($sql, " WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL")];
+    };
+}
+
+claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
+claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
+claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
 const RESEED_MANY_SQL: &str = "SELECT o_ring, o_partition_id, o_partition FROM queen.hotlist_seed_many_v1($1, $2)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v1($1, $2, $3, $4)";
@@ -68,18 +81,18 @@ pub async fn claim_route(
             let cap = p.scan_candidates();
             let args: [&(dyn ToSql + Sync); 10] =
                 [queue, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &p.partitions, &mode, &from, &cap];
-            query(client, WILDCARD_SQL, &args).await?
+            query(client, WILDCARD_SQL[p.async_commit as usize], &args).await?
         }
         Route::Specific { queue, partition } => {
             let args: [&(dyn ToSql + Sync); 9] =
                 [queue, partition, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &mode, &from];
-            query(client, SPECIFIC_SQL, &args).await?
+            query(client, SPECIFIC_SQL[p.async_commit as usize], &args).await?
         }
         Route::Discovery { namespace, task } => {
             let cap = p.scan_candidates();
             let args: [&(dyn ToSql + Sync); 11] =
                 [namespace, task, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &p.partitions, &mode, &from, &cap];
-            query(client, DISCOVER_SQL, &args).await?
+            query(client, DISCOVER_SQL[p.async_commit as usize], &args).await?
         }
     };
     Ok(assemble(rows))
@@ -103,7 +116,7 @@ pub async fn claim_candidates(
         &p.intent_mode,
         &p.intent_from,
     ];
-    Ok(assemble(query(client, LIST_SQL, &args).await?))
+    Ok(assemble(query(client, LIST_SQL[p.async_commit as usize], &args).await?))
 }
 
 /// A first contact of the pop's group with `queue` (creating the queue if

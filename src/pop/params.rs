@@ -45,6 +45,9 @@ pub struct PopParams {
     pub autopilot: bool,
     /// Answer as `QPF1` frames (API.md §3.4).
     pub frames: bool,
+    /// The claim commits without waiting for the WAL flush: an autoAck pop,
+    /// unless `QUEEN_POP_AUTOACK_ASYNC_COMMIT` is off (docs/DECISIONS.md).
+    pub async_commit: bool,
 }
 
 impl PopParams {
@@ -97,6 +100,7 @@ impl PopParams {
             }
         }
         let frames = boolean("frames")?.unwrap_or(false);
+        let auto_ack = boolean("autoAck")?.unwrap_or(false);
         boolean("conflation")?;
         Ok(PopParams {
             batch,
@@ -105,11 +109,12 @@ impl PopParams {
             timeout,
             lease_seconds,
             group,
-            auto_ack: boolean("autoAck")?.unwrap_or(false),
+            auto_ack,
             intent_mode,
             intent_from,
             autopilot: boolean("autopilot")?.unwrap_or(false),
             frames,
+            async_commit: auto_ack && cfg.autoack_async_commit,
         })
     }
 
