@@ -12,6 +12,23 @@ fn results(body: &Value) -> &Vec<Value> {
     body.as_array().expect("the push answer is an array")
 }
 
+/// The answer is written by hand: a client's transactionId comes back as
+/// it was sent, whatever it holds.
+#[tokio::test]
+async fn a_push_answer_carries_any_transaction_id_back_intact() {
+    let b = Broker::start().await;
+    let txn = "quote\" backslash\\ tab\t ctrl\u{1} é 🦀 </script>";
+    let (status, body) = b.post("/api/v1/push", json!({"items": [{"queue": "esc", "payload": 1, "transactionId": txn}]})).await;
+    assert_eq!(status, 201);
+    let r = results(&body);
+    assert_eq!((r[0]["transactionId"].as_str(), r[0]["transaction_id"].as_str()), (Some(txn), Some(txn)));
+    assert_eq!(r[0]["queueName"], "esc");
+    let (status, again) = b.post("/api/v1/push", json!({"items": [{"queue": "esc", "payload": 2, "transactionId": txn}]})).await;
+    assert_eq!(status, 201);
+    assert_eq!(results(&again)[0]["status"], "duplicate");
+    assert_eq!(results(&again)[0]["messageId"], r[0]["messageId"]);
+}
+
 #[tokio::test]
 async fn a_push_answers_201_with_one_result_per_item_in_item_order() {
     let b = Broker::start().await;
@@ -39,7 +56,9 @@ async fn a_push_answers_201_with_one_result_per_item_in_item_order() {
         assert_eq!(id.get_version_num(), 7, "message ids are UUIDv7");
         let pid = item["partitionId"].as_str().expect("partitionId is a string");
         pid.parse::<i64>().expect("partitionId is a decimal integer");
-        assert!(item.get("error").is_none());
+        let mut keys: Vec<&str> = item.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["index", "messageId", "message_id", "partitionId", "queueName", "status", "transactionId", "transaction_id"]);
     }
     assert_eq!(r[0]["partitionId"], r[2]["partitionId"]);
     assert_ne!(r[0]["partitionId"], r[1]["partitionId"]);

@@ -1,54 +1,54 @@
 //! `POST /api/v1/push` (API.md §2.1): thin on purpose. Parse, hand to the
 //! push path, render.
 
+use std::io::Write;
+
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
 
 use super::body::{read_limited, utf8};
 use super::error::ApiError;
 use super::AppState;
 use crate::push::{self, ItemResult, Outcome};
 
-/// One element of the push answer. Both spellings of the ids are emitted:
-/// upstream brokers used snake_case, newer clients read camelCase.
-#[derive(Serialize)]
-struct PushAnswer<'a> {
-    index: usize,
-    status: &'static str,
-    #[serde(rename = "messageId")]
-    message_id_camel: String,
-    message_id: String,
-    #[serde(rename = "transactionId")]
-    transaction_id_camel: &'a str,
-    transaction_id: &'a str,
-    #[serde(rename = "queueName")]
-    queue_name: &'a str,
-    #[serde(rename = "partitionId")]
-    partition_id: String,
-}
-
-impl<'a> From<&'a ItemResult> for PushAnswer<'a> {
-    fn from(r: &'a ItemResult) -> Self {
+/// The push answer, written by hand into one buffer: one object per item,
+/// with both spellings of the ids (upstream brokers used snake_case, newer
+/// clients read camelCase). Built with serde it was the broker's top symbol
+/// in a binary push (escaping four id strings per message, docs/PERFORMANCE.md);
+/// the ids the broker made itself (uuid, partition id) need no escaping.
+fn render_answer(results: &[ItemResult]) -> Vec<u8> {
+    let text = |out: &mut Vec<u8>, s: &str| serde_json::to_writer(out, s).expect("writing to a Vec does not fail");
+    let mut out = Vec::with_capacity(2 + results.len() * 280);
+    out.push(b'[');
+    for (n, r) in results.iter().enumerate() {
         let status = match r.outcome {
             Outcome::Queued { .. } => "queued",
             Outcome::Duplicate { .. } => "duplicate",
         };
-        let id = r.outcome.message_id().to_string();
-        PushAnswer {
-            index: r.index,
-            status,
-            message_id_camel: id.clone(),
-            message_id: id,
-            transaction_id_camel: &r.transaction_id,
-            transaction_id: &r.transaction_id,
-            queue_name: &r.queue,
-            partition_id: r.outcome.partition_id().to_string(),
+        let mut buf = uuid::Uuid::encode_buffer();
+        let id = r.outcome.message_id().as_hyphenated().encode_lower(&mut buf);
+        if n > 0 {
+            out.push(b',');
         }
+        write!(out, "{{\"index\":{},\"status\":\"{status}\",\"messageId\":\"{id}\",\"message_id\":\"{id}\",\"transactionId\":", r.index)
+            .expect("vec write");
+        text(&mut out, &r.transaction_id);
+        out.extend_from_slice(b",\"transaction_id\":");
+        text(&mut out, &r.transaction_id);
+        out.extend_from_slice(b",\"queueName\":");
+        text(&mut out, &r.queue);
+        write!(out, ",\"partitionId\":\"{}\"}}", r.outcome.partition_id()).expect("vec write");
     }
+    out.push(b']');
+    out
+}
+
+/// A 201 with a body already rendered as JSON.
+fn created_json(body: Vec<u8>) -> Response {
+    (StatusCode::CREATED, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 pub async fn push(
@@ -81,7 +81,7 @@ async fn push_and_answer(
     producer: Option<&str>,
 ) -> Result<Response, ApiError> {
     if items.is_empty() {
-        return Ok((StatusCode::CREATED, Json(Vec::<PushAnswer>::new())).into_response());
+        return Ok(created_json(b"[]".to_vec()));
     }
     if let Some(spool) = &state.spool {
         // Maintenance, or older spooled pushes still waiting: join the queue
@@ -99,8 +99,7 @@ async fn push_and_answer(
                                                 "duplicate": results.len() - queued, "error": 0});
                 return Ok((StatusCode::CREATED, Json(answer)).into_response());
             }
-            let answer: Vec<PushAnswer> = results.iter().map(PushAnswer::from).collect();
-            Ok((StatusCode::CREATED, Json(answer)).into_response())
+            Ok(created_json(render_answer(&results)))
         }
         Err(e) if e.database_unreachable() && state.spool.is_some() => {
             tracing::warn!(error = %e, "PostgreSQL unreachable; spooling the push");
