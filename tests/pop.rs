@@ -875,12 +875,15 @@ async fn only_an_autoack_claim_commits_without_waiting_for_the_disk() {
     for (auto_ack, env, inside) in [("true", None, "off"), ("true", Some("false"), "on"), ("false", None, "on")] {
         let p = params(auto_ack, env);
         assert_eq!(p.async_commit, inside == "off");
-        // Inside a transaction block, to read the setting the claim's COMMIT would read.
-        client.batch_execute("BEGIN").await.unwrap();
-        let r = claim_route(&client, &route, &p, "w").await.unwrap();
-        assert_eq!(r.claimed.len(), 1, "autoAck={auto_ack}: one message claimed");
-        assert_eq!(setting().await, inside, "autoAck={auto_ack}, QUEEN_POP_AUTOACK_ASYNC_COMMIT={env:?}");
-        client.batch_execute("ROLLBACK").await.unwrap();
+        // Inside a transaction block, to read the setting the claim's COMMIT
+        // would read; by partition and by queue (the SQL candidate scan).
+        for r in [&route, &Route::Wildcard { queue: "ac".into() }] {
+            client.batch_execute("BEGIN").await.unwrap();
+            let claimed = claim_route(&client, r, &p, "w").await.unwrap().claimed;
+            assert_eq!(claimed.len(), 1, "autoAck={auto_ack}, {r:?}: one message claimed");
+            assert_eq!(setting().await, inside, "autoAck={auto_ack}, QUEEN_POP_AUTOACK_ASYNC_COMMIT={env:?}, {r:?}");
+            client.batch_execute("ROLLBACK").await.unwrap();
+        }
         // As the broker runs it: its own implicit transaction, committed.
         let r = claim_route(&client, &route, &p, "w").await.unwrap();
         assert_eq!(r.claimed.len(), 1);
