@@ -846,12 +846,14 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     other.batch_execute("ROLLBACK").await.unwrap();
 }
 
-/// An autoAck claim commits without waiting for the WAL flush, a leased one
-/// waits, and the setting ends with the claim's own transaction: the pooled
-/// connection's next statement (a push's commit, say) waits for the disk
-/// again. Driven through the broker's claim statements on a pooled client.
+/// With `QUEEN_POP_AUTOACK_ASYNC_COMMIT` on, an autoAck claim commits without
+/// waiting for the WAL flush; by default it waits (at-most-once, API.md), and
+/// a leased claim always waits. The setting ends with the claim's own
+/// transaction: the pooled connection's next statement (a push's commit, say)
+/// waits for the disk again. Driven through the broker's claim statements on
+/// a pooled client.
 #[tokio::test]
-async fn only_an_autoack_claim_commits_without_waiting_for_the_disk() {
+async fn an_autoack_claim_skips_the_disk_wait_only_when_configured_to() {
     use queen::pop::claim::claim_route;
     use queen::pop::params::{PopParams, Route};
 
@@ -872,7 +874,7 @@ async fn only_an_autoack_claim_commits_without_waiting_for_the_disk() {
         PopParams::parse(&pairs, &cfg.pop).unwrap()
     };
     // The leased claim last: its lease holds the partition afterwards.
-    for (auto_ack, env, inside) in [("true", None, "off"), ("true", Some("false"), "on"), ("false", None, "on")] {
+    for (auto_ack, env, inside) in [("true", Some("true"), "off"), ("true", None, "on"), ("false", Some("true"), "on")] {
         let p = params(auto_ack, env);
         assert_eq!(p.async_commit, inside == "off");
         // Inside a transaction block, to read the setting the claim's COMMIT

@@ -45,8 +45,8 @@ pub struct PopParams {
     pub autopilot: bool,
     /// Answer as `QPF1` frames (API.md §3.4).
     pub frames: bool,
-    /// The claim commits without waiting for the WAL flush: an autoAck pop,
-    /// unless `QUEEN_POP_AUTOACK_ASYNC_COMMIT` is off (docs/DECISIONS.md).
+    /// The claim commits without waiting for the WAL flush: an autoAck pop
+    /// when `QUEEN_POP_AUTOACK_ASYNC_COMMIT` is on (docs/DECISIONS.md).
     pub async_commit: bool,
 }
 
