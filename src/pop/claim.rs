@@ -44,11 +44,12 @@ pub struct ClaimResult {
 }
 
 /// A claim statement twice: as it is, and for a claim whose commit need not
-/// wait for the WAL flush (`PopParams::async_commit`, an autoAck pop). The
-/// second sets `synchronous_commit` for its own implicit transaction, which
-/// its COMMIT reads; the uncorrelated subquery is an init plan, run once,
-/// before the rows, in the same round trip (docs/DECISIONS.md, "An autoAck
-/// pop's commit does not wait for the disk").
+/// wait for the WAL flush (`PopParams::async_commit`: an autoAck pop, when
+/// the operator opted in). The second sets `synchronous_commit` for its own
+/// implicit transaction, which its COMMIT reads; the uncorrelated subquery is
+/// an init plan, run once, before the rows, in the same round trip
+/// (docs/DECISIONS.md, "An autoAck pop waits for the disk unless the
+/// operator says otherwise").
 macro_rules! claim_sql {
     ($name:ident, $sql:literal) => {
         const $name: [&str; 2] =
