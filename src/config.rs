@@ -73,7 +73,8 @@ pub struct PopConfig {
     /// Claim permits follow PostgreSQL's latency (`db::limiter`); off = a
     /// fixed three quarters of the pool.
     pub adaptive_permits: bool,
-    /// An autoAck claim commits without waiting for the WAL flush.
+    /// An autoAck claim commits without waiting for the WAL flush (off by
+    /// default: autoAck is at-most-once, which a lost flush would break).
     pub autoack_async_commit: bool,
 }
 
