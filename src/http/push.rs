@@ -1,8 +1,6 @@
 //! `POST /api/v1/push` (API.md §2.1): thin on purpose. Parse, hand to the
 //! push path, render.
 
-use std::io::Write;
-
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -17,33 +15,68 @@ use crate::push::{self, ItemResult, Outcome};
 /// The push answer, written by hand into one buffer: one object per item,
 /// with both spellings of the ids (upstream brokers used snake_case, newer
 /// clients read camelCase). Built with serde it was the broker's top symbol
-/// in a binary push (escaping four id strings per message, docs/PERFORMANCE.md);
-/// the ids the broker made itself (uuid, partition id) need no escaping.
+/// in a binary push (escaping four id strings per message, docs/PERFORMANCE.md).
+/// Only the client's strings are escaped, each once: the transactionId is
+/// copied into both spellings, and the queue name is reused while it repeats.
 fn render_answer(results: &[ItemResult]) -> Vec<u8> {
     let text = |out: &mut Vec<u8>, s: &str| serde_json::to_writer(out, s).expect("writing to a Vec does not fail");
     let mut out = Vec::with_capacity(2 + results.len() * 280);
+    let mut txn = Vec::with_capacity(64);
+    let mut queue: (Option<&str>, Vec<u8>) = (None, Vec::new());
     out.push(b'[');
     for (n, r) in results.iter().enumerate() {
-        let status = match r.outcome {
-            Outcome::Queued { .. } => "queued",
-            Outcome::Duplicate { .. } => "duplicate",
-        };
-        let mut buf = uuid::Uuid::encode_buffer();
-        let id = r.outcome.message_id().as_hyphenated().encode_lower(&mut buf);
         if n > 0 {
             out.push(b',');
         }
-        write!(out, "{{\"index\":{},\"status\":\"{status}\",\"messageId\":\"{id}\",\"message_id\":\"{id}\",\"transactionId\":", r.index)
-            .expect("vec write");
-        text(&mut out, &r.transaction_id);
+        out.extend_from_slice(b"{\"index\":");
+        decimal(&mut out, r.index as i64);
+        out.extend_from_slice(match r.outcome {
+            Outcome::Queued { .. } => b",\"status\":\"queued\",\"messageId\":\"",
+            Outcome::Duplicate { .. } => b",\"status\":\"duplicate\",\"messageId\":\"",
+        });
+        let mut buf = uuid::Uuid::encode_buffer();
+        let id = r.outcome.message_id().as_hyphenated().encode_lower(&mut buf).as_bytes();
+        out.extend_from_slice(id);
+        out.extend_from_slice(b"\",\"message_id\":\"");
+        out.extend_from_slice(id);
+        out.extend_from_slice(b"\",\"transactionId\":");
+        txn.clear();
+        text(&mut txn, &r.transaction_id);
+        out.extend_from_slice(&txn);
         out.extend_from_slice(b",\"transaction_id\":");
-        text(&mut out, &r.transaction_id);
+        out.extend_from_slice(&txn);
         out.extend_from_slice(b",\"queueName\":");
-        text(&mut out, &r.queue);
-        write!(out, ",\"partitionId\":\"{}\"}}", r.outcome.partition_id()).expect("vec write");
+        if queue.0 != Some(r.queue.as_str()) {
+            queue.1.clear();
+            text(&mut queue.1, &r.queue);
+            queue.0 = Some(&r.queue);
+        }
+        out.extend_from_slice(&queue.1);
+        out.extend_from_slice(b",\"partitionId\":\"");
+        decimal(&mut out, r.outcome.partition_id());
+        out.extend_from_slice(b"\"}");
     }
     out.push(b']');
     out
+}
+
+/// `v` in decimal, without the formatting machinery (two per item above).
+fn decimal(out: &mut Vec<u8>, v: i64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut rest = v.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 /// A 201 with a body already rendered as JSON.
@@ -133,16 +166,64 @@ async fn spooled(
 fn notify_consumers(state: &AppState, results: &[ItemResult]) {
     let mut counts: Vec<(&ItemResult, u64)> = Vec::new();
     let mut slot: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
+    let mut last: Option<(i64, usize)> = None; // items come partition by partition
     for r in results {
         if let Outcome::Queued { partition_id, .. } = r.outcome {
-            let i = *slot.entry(partition_id).or_insert_with(|| {
-                counts.push((r, 0));
-                counts.len() - 1
-            });
+            let i = match last {
+                Some((pid, i)) if pid == partition_id => i,
+                _ => *slot.entry(partition_id).or_insert_with(|| {
+                    counts.push((r, 0));
+                    counts.len() - 1
+                }),
+            };
+            last = Some((partition_id, i));
             counts[i].1 += 1;
         }
     }
     for (r, n) in counts {
         state.committed_push(&r.queue, r.outcome.partition_id(), &r.partition, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_writes_every_i64() {
+        for v in [0, 7, 10, -12, 1_234_567_890, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            decimal(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), v.to_string());
+        }
+    }
+
+    #[test]
+    fn the_answer_matches_what_serde_would_write_across_queues_and_outcomes() {
+        let id = |n: u128| uuid::Uuid::from_u128(n);
+        let result = |index, queue: &str, txn: &str, outcome| ItemResult {
+            index,
+            queue: queue.into(),
+            partition: "p".into(),
+            transaction_id: txn.into(),
+            outcome,
+        };
+        let results = [
+            result(0, "q\"1", "t\\a", Outcome::Queued { message_id: id(1), partition_id: 5, offset: 0 }),
+            result(1, "q\"1", "t\u{1}", Outcome::Duplicate { message_id: id(2), partition_id: 5 }),
+            result(2, "é", "plain", Outcome::Queued { message_id: id(3), partition_id: -1, offset: 9 }),
+        ];
+        let got: serde_json::Value = serde_json::from_slice(&render_answer(&results)).unwrap();
+        let want: Vec<serde_json::Value> = results
+            .iter()
+            .map(|r| {
+                let status = if matches!(r.outcome, Outcome::Queued { .. }) { "queued" } else { "duplicate" };
+                let mid = r.outcome.message_id().to_string();
+                serde_json::json!({"index": r.index, "status": status, "messageId": mid, "message_id": mid,
+                                   "transactionId": r.transaction_id, "transaction_id": r.transaction_id,
+                                   "queueName": r.queue, "partitionId": r.outcome.partition_id().to_string()})
+            })
+            .collect();
+        assert_eq!(got, serde_json::Value::Array(want));
     }
 }

@@ -62,11 +62,25 @@ impl PushPlan {
         let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
         let mut first_seen: HashMap<(usize, &str), usize> = HashMap::new();
         let mut followers = Vec::new();
+        // The items of a request nearly always come partition by partition:
+        // the previous item's group is checked before the map.
+        let mut last: Option<(&str, &str, usize)> = None;
         for (idx, item) in items.iter().enumerate() {
-            let g = *group_of.entry((item.queue.as_str(), item.partition.as_str())).or_insert_with(|| {
-                groups.push(PlanGroup { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
-                groups.len() - 1
-            });
+            let key = (item.queue.as_str(), item.partition.as_str());
+            let g = match last {
+                Some((q, p, g)) if (q, p) == key => g,
+                _ => *group_of.entry(key).or_insert_with(|| {
+                    groups.push(PlanGroup { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
+                    groups.len() - 1
+                }),
+            };
+            last = Some((key.0, key.1, g));
+            if item.transaction_id.is_none() && item.message_id.is_none() {
+                // The broker minted both from a fresh UUIDv7 just now: no
+                // other item can carry it.
+                groups[g].leaders.push(idx);
+                continue;
+            }
             match first_seen.get(&(g, txns[idx].as_str())) {
                 Some(&leader) => followers.push((idx, leader)),
                 None => {
@@ -184,4 +198,41 @@ pub async fn push_items_prepacked(
             outcome: o.expect("every item has an outcome"),
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(partition: &str, txn: Option<&str>, message_id: Option<Uuid>) -> PushItem<'static> {
+        PushItem {
+            queue: "q".into(),
+            partition: partition.into(),
+            transaction_id: txn.map(str::to_string),
+            trace_id: None,
+            payload: "1",
+            message_id,
+        }
+    }
+
+    #[test]
+    fn the_plan_groups_by_partition_and_makes_repeats_followers() {
+        let client_id = Uuid::now_v7();
+        let items = [
+            item("a", Some("t1"), None),
+            item("a", None, None),
+            item("b", Some("t1"), None), // another partition: its own leader
+            item("a", Some("t1"), None), // back to a: follows item 0
+            item("a", None, None),
+            item("b", None, Some(client_id)),
+            item("b", None, Some(client_id)), // the client's id twice: follows item 5
+        ];
+        let plan = PushPlan::new(&items, None);
+        let leaders: Vec<(&str, Vec<usize>)> = plan.groups.iter().map(|g| (g.partition.as_str(), g.leaders.clone())).collect();
+        assert_eq!(leaders, vec![("a", vec![0, 1, 4]), ("b", vec![2, 5])]);
+        assert_eq!(plan.followers, vec![(3, 0), (6, 5)]);
+        assert_ne!(plan.txns[1], plan.txns[4], "minted ids differ");
+        assert_eq!(plan.txns[1], plan.message_ids[1].to_string());
+        assert_eq!(plan.txns[5], client_id.to_string());
+    }
 }
