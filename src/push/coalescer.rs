@@ -330,19 +330,20 @@ impl Inner {
             if attempts > MAX_ATTEMPTS {
                 return Err(Arc::new(PushError::Lost));
             }
-            let mut frames = Vec::with_capacity(survivors.iter().map(|&(e, i)| batch[e].items[i].frame.len()).sum());
-            let mut hashes = Vec::with_capacity(survivors.len());
-            for &(e, i) in &survivors {
-                let item = &batch[e].items[i];
-                frames.extend_from_slice(&batch[e].frames[item.frame.clone()]);
-                hashes.push(txn_hash(&item.transaction_id));
-            }
+            let hashes: Vec<i64> = survivors.iter().map(|&(e, i)| txn_hash(&batch[e].items[i].transaction_id)).collect();
             // The client's blob holds exactly these frames only while nothing
-            // has been dropped (merged or refused as a duplicate).
+            // has been dropped (merged or refused as a duplicate); otherwise
+            // the survivors' frames are gathered and compressed here.
             let whole = attempts == 1 && batch.len() == 1 && survivors.len() == batch[0].items.len();
             let blob = match prepacked.take().filter(|_| whole) {
                 Some(blob) => blob,
-                None => compress_frames(&frames, self.cfg.zstd_level),
+                None => {
+                    let mut frames = Vec::with_capacity(survivors.iter().map(|&(e, i)| batch[e].items[i].frame.len()).sum());
+                    for &(e, i) in &survivors {
+                        frames.extend_from_slice(&batch[e].frames[batch[e].items[i].frame.clone()]);
+                    }
+                    compress_frames(&frames, self.cfg.zstd_level)
+                }
             };
             match self.group.write(&key.0, &key.1, hashes, blob).await? {
                 SegmentWrite::Written { partition_id, base_offset, window } => {
