@@ -55,26 +55,28 @@ def snapshot(broker):
     return procs, sum(ticks) / HZ, (ticks[3] + ticks[4]) / HZ, time.monotonic()
 
 
-def bench_running():
-    return any(comm_of(p).startswith("queen-bench") for p in os.listdir("/proc") if p.isdigit())
+def bench_in(snap):
+    return any(group == "bench" for group, _ in snap[0].values())
 
 
 def main():
     out, broker = sys.argv[1], int(sys.argv[2])
     after = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--after" else None
     deadline = time.monotonic() + 3600  # every loop is bounded
+    first = snapshot(broker)
     while time.monotonic() < deadline:
-        if after is None and bench_running():
+        if after is None and bench_in(first):
             break
         if after and os.path.exists(out) and after in open(out).read():
             break
         time.sleep(0.01)
-    first = last = snapshot(broker)
+        first = snapshot(broker)
+    last = first
     latest = dict(first[0])  # a process keeps its last reading after it exits
-    while bench_running() and time.monotonic() < deadline:
+    while bench_in(last) and time.monotonic() < deadline:
+        time.sleep(0.01)
         last = snapshot(broker)
         latest.update(last[0])
-        time.sleep(0.01)
     spent = {"broker": 0.0, "postgres": 0.0, "bench": 0.0}
     for pid, (group, t) in latest.items():
         before = first[0].get(pid)

@@ -165,18 +165,13 @@ async fn spooled(
 /// Tells the pop side which partitions just received how many messages.
 fn notify_consumers(state: &AppState, results: &[ItemResult]) {
     let mut counts: Vec<(&ItemResult, u64)> = Vec::new();
-    let mut slot: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
-    let mut last: Option<(i64, usize)> = None; // items come partition by partition
+    let mut slots = push::Slots::default();
     for r in results {
         if let Outcome::Queued { partition_id, .. } = r.outcome {
-            let i = match last {
-                Some((pid, i)) if pid == partition_id => i,
-                _ => *slot.entry(partition_id).or_insert_with(|| {
-                    counts.push((r, 0));
-                    counts.len() - 1
-                }),
-            };
-            last = Some((partition_id, i));
+            let i = slots.slot(partition_id, || {
+                counts.push((r, 0));
+                counts.len() - 1
+            });
             counts[i].1 += 1;
         }
     }

@@ -59,22 +59,14 @@ impl PushPlan {
             .map(|(it, id)| it.transaction_id.clone().unwrap_or_else(|| id.to_string()))
             .collect();
         let mut groups: Vec<PlanGroup> = Vec::new();
-        let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
+        let mut group_of = Slots::default();
         let mut first_seen: HashMap<(usize, &str), usize> = HashMap::new();
         let mut followers = Vec::new();
-        // The items of a request nearly always come partition by partition:
-        // the previous item's group is checked before the map.
-        let mut last: Option<(&str, &str, usize)> = None;
         for (idx, item) in items.iter().enumerate() {
-            let key = (item.queue.as_str(), item.partition.as_str());
-            let g = match last {
-                Some((q, p, g)) if (q, p) == key => g,
-                _ => *group_of.entry(key).or_insert_with(|| {
-                    groups.push(PlanGroup { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
-                    groups.len() - 1
-                }),
-            };
-            last = Some((key.0, key.1, g));
+            let g = group_of.slot((item.queue.as_str(), item.partition.as_str()), || {
+                groups.push(PlanGroup { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
+                groups.len() - 1
+            });
             if item.transaction_id.is_none() && item.message_id.is_none() {
                 // The broker minted both from a fresh UUIDv7 just now: no
                 // other item can carry it.
@@ -109,6 +101,34 @@ impl PushPlan {
         for &(idx, leader) in &self.followers {
             let l = outcomes[leader].clone().expect("leader has an outcome");
             outcomes[idx] = Some(Outcome::Duplicate { message_id: l.message_id(), partition_id: l.partition_id() });
+        }
+    }
+}
+
+/// Slot numbers by key for a request's items, which nearly always come
+/// partition by partition: the previous item's key is compared before the
+/// map is hashed.
+pub(crate) struct Slots<K> {
+    last: Option<(K, usize)>,
+    map: HashMap<K, usize>,
+}
+
+impl<K> Default for Slots<K> {
+    fn default() -> Self {
+        Slots { last: None, map: HashMap::new() }
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Copy> Slots<K> {
+    /// The slot of `key`; `new` makes one the first time `key` is seen.
+    pub(crate) fn slot(&mut self, key: K, new: impl FnOnce() -> usize) -> usize {
+        match self.last {
+            Some((k, s)) if k == key => s,
+            _ => {
+                let s = *self.map.entry(key).or_insert_with(new);
+                self.last = Some((key, s));
+                s
+            }
         }
     }
 }
