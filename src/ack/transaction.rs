@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::{AckItem, AckService, AckStatus, Released};
 use crate::db::DbError;
 use crate::pop::QUEUE_MODE;
-use crate::push::coalescer::{txn_hash, write_segment, SegmentWrite};
+use crate::push::coalescer::{write_segment, SegmentWrite};
 use crate::push::validate::{parse_item, parse_items, PushItem};
 use crate::push::{Outcome, PushPlan};
 
@@ -159,7 +159,7 @@ pub async fn run(
                     for &idx in &g.leaders {
                         plan.frame(&items, idx).encode_into(&mut frames);
                     }
-                    let hashes: Vec<i64> = g.leaders.iter().map(|&i| txn_hash(&plan.txns[i])).collect();
+                    let hashes: Vec<i64> = g.leaders.iter().map(|&i| plan.hashes[i]).collect();
                     match write_segment(&tx, &g.queue, &g.partition, &hashes, &frames, zstd_level).await? {
                         SegmentWrite::Written { partition_id, base_offset, .. } => {
                             for (n, &idx) in g.leaders.iter().enumerate() {

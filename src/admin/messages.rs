@@ -269,9 +269,9 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
     let payload: String = row.get::<_, Option<String>>(4).unwrap_or_else(|| "null".into());
     let replay_txn = format!("dlq:{dlq_id}");
     let item = PushItem {
-        queue: queue.clone(),
-        partition: partition.clone(),
-        transaction_id: Some(replay_txn.clone()),
+        queue: queue.as_str().into(),
+        partition: partition.as_str().into(),
+        transaction_id: Some(replay_txn.as_str().into()),
         trace_id: row.get(5),
         payload: &payload,
         message_id: None,
@@ -281,8 +281,9 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
     let results = push_items(coalescer, std::slice::from_ref(&item), producer.as_deref())
         .await
         .map_err(|e| DbError::Unexpected(format!("replay push failed: {e}")))?;
-    let r = &results[0];
-    let (status, offset) = match r.outcome {
+    let outcome = results[0].outcome.clone();
+    drop(results);
+    let (status, offset) = match outcome {
         Outcome::Queued { offset, .. } => ("queued", Some(offset)),
         Outcome::Duplicate { .. } => ("duplicate", None),
     };
@@ -292,11 +293,11 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
         "result": if status == "queued" { "moved" } else { "duplicate" },
         "queue": queue, "partition": partition, "consumerGroup": group,
         "dlqId": dlq_id.to_string(), "originalTransactionId": txn,
-        "replayedAs": {"index": 0, "message_id": r.outcome.message_id().to_string(), "transaction_id": replay_txn,
+        "replayedAs": {"index": 0, "message_id": outcome.message_id().to_string(), "transaction_id": replay_txn,
                        "queueName": queue, "status": status, "offset": offset},
         "dlqRowRemoved": removed,
     });
-    Ok(Some(Replayed { answer, queue, partition, partition_id: r.outcome.partition_id(), queued: status == "queued" }))
+    Ok(Some(Replayed { answer, queue, partition, partition_id: outcome.partition_id(), queued: status == "queued" }))
 }
 
 /// The listing filters of `GET /api/v1/messages`.

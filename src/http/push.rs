@@ -46,10 +46,10 @@ fn render_answer(results: &[ItemResult]) -> Vec<u8> {
         out.extend_from_slice(b",\"transaction_id\":");
         out.extend_from_slice(&txn);
         out.extend_from_slice(b",\"queueName\":");
-        if queue.0 != Some(r.queue.as_str()) {
+        if queue.0 != Some(r.queue) {
             queue.1.clear();
-            text(&mut queue.1, &r.queue);
-            queue.0 = Some(&r.queue);
+            text(&mut queue.1, r.queue);
+            queue.0 = Some(r.queue);
         }
         out.extend_from_slice(&queue.1);
         out.extend_from_slice(b",\"partitionId\":\"");
@@ -196,7 +196,7 @@ mod tests {
     #[test]
     fn the_answer_matches_what_serde_would_write_across_queues_and_outcomes() {
         let id = |n: u128| uuid::Uuid::from_u128(n);
-        let result = |index, queue: &str, txn: &str, outcome| ItemResult {
+        let result = |index, queue: &'static str, txn: &'static str, outcome| ItemResult {
             index,
             queue: queue.into(),
             partition: "p".into(),

@@ -8,6 +8,8 @@
 //! Parsed items own their bytes: a body is consumed once, so one copy is the
 //! price of not tying the request to its buffer.
 
+use std::sync::Arc;
+
 use uuid::Uuid;
 
 use super::frame::{CodecError, FrameReader};
@@ -30,8 +32,9 @@ pub struct BinaryError {
 /// One pushed item from a binary body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BinaryItem {
-    pub queue: String,
-    pub partition: String,
+    /// Shared by the items of one group: a clone is a count, not a copy.
+    pub queue: Arc<str>,
+    pub partition: Arc<str>,
     /// `None`: the broker mints one.
     pub transaction_id: Option<String>,
     /// Set when the client minted it (pre-framed groups).
@@ -133,8 +136,8 @@ fn framed_groups(
     let groups = r.u32("u32 group count")?;
     let mut budget = limit;
     for _ in 0..groups {
-        let queue = r.str16("str16 queue")?;
-        let partition = r.str16("str16 partition")?;
+        let queue: Arc<str> = r.str16("str16 queue")?.into();
+        let partition: Arc<str> = r.str16("str16 partition")?.into();
         let n = r.u32("u32 message count")? as usize;
         let z_len = r.u32("u32 compressed length")? as usize;
         let z_at = r.base + r.pos;
@@ -211,8 +214,8 @@ pub fn parse_push(body: &[u8], limit: usize) -> Result<BinaryPush, BinaryError> 
     };
     let groups = r.u32("u32 group count")?;
     for _ in 0..groups {
-        let queue = r.str16("str16 queue")?;
-        let partition = r.str16("str16 partition")?;
+        let queue: Arc<str> = r.str16("str16 queue")?.into();
+        let partition: Arc<str> = r.str16("str16 partition")?.into();
         let n = r.u32("u32 item count")?;
         for _ in 0..n {
             let transaction_id = if flags & FLAG_TXN != 0 { Some(r.str16("str16 transactionId")?).filter(|t| !t.is_empty()) } else { None };
@@ -344,7 +347,7 @@ mod tests {
         let p = parse_push(&worked_example(), 1 << 20).unwrap();
         assert!(!p.counts_only);
         let got: Vec<(&str, &str, Option<&str>, &str)> =
-            p.items.iter().map(|i| (i.queue.as_str(), i.partition.as_str(), i.transaction_id.as_deref(), i.payload.as_str())).collect();
+            p.items.iter().map(|i| (&*i.queue, &*i.partition, i.transaction_id.as_deref(), i.payload.as_str())).collect();
         assert_eq!(got, [("orders", "p1", Some("t1"), "{\"a\":1}"), ("orders", "p1", None, "[1,2]"), ("orders", "Default", Some("t3"), "null")]);
     }
 

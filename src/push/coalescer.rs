@@ -37,10 +37,11 @@ const MAX_ATTEMPTS: usize = 8;
 
 pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v2($1, $2, $3, $4)";
 
-/// One message of an entry, with where its encoded frame sits.
+/// One message of an entry, with where its encoded frame sits. Its
+/// transactionId travels as its index hash, which is all the lane needs.
 #[derive(Debug, Clone)]
 pub struct EntryItem {
-    pub transaction_id: String,
+    pub txn_hash: i64,
     pub message_id: Uuid,
     pub frame: Range<usize>,
 }
@@ -309,15 +310,15 @@ impl Inner {
         // first wins, unless the queue keeps no dedup window at all.
         let mut leader_of: HashMap<(usize, usize), (usize, usize)> = HashMap::new();
         let mut survivors: Vec<(usize, usize)> = Vec::new();
-        let mut seen: HashMap<&str, (usize, usize)> = HashMap::new();
+        let mut seen: HashMap<i64, (usize, usize)> = HashMap::new();
         for (e, entry) in batch.iter().enumerate() {
             for (i, item) in entry.items.iter().enumerate() {
                 if window != Some(0) {
-                    if let Some(&leader) = seen.get(item.transaction_id.as_str()) {
+                    if let Some(&leader) = seen.get(&item.txn_hash) {
                         leader_of.insert((e, i), leader);
                         continue;
                     }
-                    seen.insert(&item.transaction_id, (e, i));
+                    seen.insert(item.txn_hash, (e, i));
                 }
                 survivors.push((e, i));
             }
@@ -330,7 +331,7 @@ impl Inner {
             if attempts > MAX_ATTEMPTS {
                 return Err(Arc::new(PushError::Lost));
             }
-            let hashes: Vec<i64> = survivors.iter().map(|&(e, i)| txn_hash(&batch[e].items[i].transaction_id)).collect();
+            let hashes: Vec<i64> = survivors.iter().map(|&(e, i)| batch[e].items[i].txn_hash).collect();
             // The client's blob holds exactly these frames only while nothing
             // has been dropped (merged or refused as a duplicate); otherwise
             // the survivors' frames are gathered and compressed here.

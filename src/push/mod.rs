@@ -8,33 +8,40 @@ pub mod group;
 pub mod spool;
 pub mod validate;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use uuid::Uuid;
 
-pub use coalescer::{Coalescer, EntryItem, Outcome, PushError};
+pub use coalescer::{txn_hash, Coalescer, EntryItem, Outcome, PushError};
 pub use validate::{parse_push_body, PushItem};
 
 use crate::log::Frame;
 
-/// The result of one pushed item, in request order.
+/// The result of one pushed item, in request order. It borrows the item's
+/// names and, unless the broker minted it, its transactionId.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ItemResult {
+pub struct ItemResult<'a> {
     pub index: usize,
-    pub queue: String,
-    pub partition: String,
-    pub transaction_id: String,
+    pub queue: &'a str,
+    pub partition: &'a str,
+    pub transaction_id: Cow<'a, str>,
     pub outcome: Outcome,
 }
 
 /// Items with their ids minted and grouped by (queue, partition): the one
 /// home of the minting rule (a missing transactionId becomes the message id's
 /// text) and of in-request deduplication (the first occurrence of a
-/// transactionId in a partition wins; later ones follow it).
-pub struct PushPlan {
+/// transactionId in a partition wins; later ones follow it). Repeats are
+/// found by the transactionId's index hash ([`txn_hash`]), the same identity
+/// the partition's transaction index and the coalescer use.
+pub struct PushPlan<'a> {
     pub message_ids: Vec<Uuid>,
-    pub txns: Vec<String>,
+    /// Borrowed from the item, or minted: the message id's text.
+    pub txns: Vec<Cow<'a, str>>,
+    /// `txn_hash` of each of `txns`.
+    pub hashes: Vec<i64>,
     pub groups: Vec<PlanGroup>,
     /// (follower item index, leader item index)
     pub followers: Vec<(usize, usize)>,
@@ -50,21 +57,25 @@ pub struct PlanGroup {
     pub leaders: Vec<usize>,
 }
 
-impl PushPlan {
-    pub fn new(items: &[PushItem<'_>], producer: Option<&str>) -> PushPlan {
+impl<'a> PushPlan<'a> {
+    pub fn new(items: &'a [PushItem<'a>], producer: Option<&str>) -> PushPlan<'a> {
         let message_ids: Vec<Uuid> = items.iter().map(|i| i.message_id.unwrap_or_else(Uuid::now_v7)).collect();
-        let txns: Vec<String> = items
+        let txns: Vec<Cow<'a, str>> = items
             .iter()
             .zip(&message_ids)
-            .map(|(it, id)| it.transaction_id.clone().unwrap_or_else(|| id.to_string()))
+            .map(|(it, id)| match &it.transaction_id {
+                Some(t) => Cow::Borrowed(&**t),
+                None => Cow::Owned(id.to_string()),
+            })
             .collect();
+        let hashes: Vec<i64> = txns.iter().map(|t| txn_hash(t)).collect();
         let mut groups: Vec<PlanGroup> = Vec::new();
         let mut group_of = Slots::default();
-        let mut first_seen: HashMap<(usize, &str), usize> = HashMap::new();
+        let mut first_seen: HashMap<(usize, i64), usize> = HashMap::new();
         let mut followers = Vec::new();
         for (idx, item) in items.iter().enumerate() {
-            let g = group_of.slot((item.queue.as_str(), item.partition.as_str()), || {
-                groups.push(PlanGroup { queue: item.queue.clone(), partition: item.partition.clone(), leaders: vec![] });
+            let g = group_of.slot((&*item.queue, &*item.partition), || {
+                groups.push(PlanGroup { queue: item.queue.to_string(), partition: item.partition.to_string(), leaders: vec![] });
                 groups.len() - 1
             });
             if item.transaction_id.is_none() && item.message_id.is_none() {
@@ -73,19 +84,22 @@ impl PushPlan {
                 groups[g].leaders.push(idx);
                 continue;
             }
-            match first_seen.get(&(g, txns[idx].as_str())) {
-                Some(&leader) => followers.push((idx, leader)),
-                None => {
-                    first_seen.insert((g, txns[idx].as_str()), idx);
+            if first_seen.is_empty() {
+                first_seen.reserve(items.len() - idx);
+            }
+            match first_seen.entry((g, hashes[idx])) {
+                std::collections::hash_map::Entry::Occupied(leader) => followers.push((idx, *leader.get())),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(idx);
                     groups[g].leaders.push(idx);
                 }
             }
         }
-        PushPlan { message_ids, txns, groups, followers, producer: producer.map(str::to_string) }
+        PushPlan { message_ids, txns, hashes, groups, followers, producer: producer.map(str::to_string) }
     }
 
     /// The stored frame of item `idx`.
-    pub fn frame<'a>(&'a self, items: &'a [PushItem<'_>], idx: usize) -> Frame<'a> {
+    pub fn frame<'b>(&'b self, items: &'b [PushItem<'_>], idx: usize) -> Frame<'b> {
         Frame {
             message_id: self.message_ids[idx],
             trace_id: items[idx].trace_id,
@@ -137,26 +151,26 @@ impl<K: std::hash::Hash + Eq + Copy> Slots<K> {
 /// authenticated. Every item is committed (or found to be a
 /// duplicate) when this returns `Ok`; on `Err` the caller answers 5xx and the
 /// client's retry is made safe by deduplication.
-pub async fn push_items(
+pub async fn push_items<'a>(
     coalescer: &Coalescer,
-    items: &[PushItem<'_>],
+    items: &'a [PushItem<'a>],
     producer: Option<&str>,
-) -> Result<Vec<ItemResult>, Arc<PushError>> {
+) -> Result<Vec<ItemResult<'a>>, Arc<PushError>> {
     push_items_prepacked(coalescer, items, producer, &[]).await
 }
 
 /// [`push_items`] for a `QPB1` flag-8 body: a partition's items that arrived
 /// as exactly one of `prepacked` (same items, one chunk, nothing stamped)
 /// are stored as the client compressed them, skipping recompression.
-pub async fn push_items_prepacked(
+pub async fn push_items_prepacked<'a>(
     coalescer: &Coalescer,
-    items: &[PushItem<'_>],
+    items: &'a [PushItem<'a>],
     producer: Option<&str>,
     prepacked: &[crate::log::binary::FramedGroup],
-) -> Result<Vec<ItemResult>, Arc<PushError>> {
+) -> Result<Vec<ItemResult<'a>>, Arc<PushError>> {
     let n = items.len();
     let plan = PushPlan::new(items, producer);
-    let PushPlan { groups, txns, message_ids, .. } = &plan;
+    let PushPlan { groups, hashes, message_ids, .. } = &plan;
 
     // Encode and submit every chunk before awaiting any.
     let cfg = coalescer.config().clone();
@@ -178,7 +192,7 @@ pub async fn push_items_prepacked(
             }
             let start = frames.len();
             frame.encode_into(&mut frames);
-            chunk_items.push(EntryItem { transaction_id: txns[idx].clone(), message_id: message_ids[idx], frame: start..frames.len() });
+            chunk_items.push(EntryItem { txn_hash: hashes[idx], message_id: message_ids[idx], frame: start..frames.len() });
             chunk_idx.push(idx);
         }
         if !chunk_items.is_empty() {
@@ -212,8 +226,8 @@ pub async fn push_items_prepacked(
         .enumerate()
         .map(|(index, ((item, transaction_id), o))| ItemResult {
             index,
-            queue: item.queue.clone(),
-            partition: item.partition.clone(),
+            queue: &item.queue,
+            partition: &item.partition,
             transaction_id,
             outcome: o.expect("every item has an outcome"),
         })
@@ -224,11 +238,11 @@ pub async fn push_items_prepacked(
 mod tests {
     use super::*;
 
-    fn item(partition: &str, txn: Option<&str>, message_id: Option<Uuid>) -> PushItem<'static> {
+    fn item(partition: &'static str, txn: Option<&'static str>, message_id: Option<Uuid>) -> PushItem<'static> {
         PushItem {
             queue: "q".into(),
             partition: partition.into(),
-            transaction_id: txn.map(str::to_string),
+            transaction_id: txn.map(Cow::Borrowed),
             trace_id: None,
             payload: "1",
             message_id,
@@ -254,5 +268,8 @@ mod tests {
         assert_ne!(plan.txns[1], plan.txns[4], "minted ids differ");
         assert_eq!(plan.txns[1], plan.message_ids[1].to_string());
         assert_eq!(plan.txns[5], client_id.to_string());
+        let hashed: Vec<i64> = plan.txns.iter().map(|t| txn_hash(t)).collect();
+        assert_eq!(plan.hashes, hashed);
+        assert!(matches!(&plan.txns[0], Cow::Borrowed("t1")), "a client's id is not copied");
     }
 }

@@ -11,6 +11,7 @@
 //! work is waiting, new pushes join the spool behind it, so the order of a
 //! partition's messages is the order their pushes were answered.
 
+use std::borrow::Cow;
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,11 +22,15 @@ use uuid::Uuid;
 
 use super::{push_items, Coalescer, ItemResult, PushError, PushItem};
 
-/// One spooled push item.
+/// One spooled push item. Names borrow from the line unless they hold JSON
+/// escapes (a `"` or `\` is a legal name character): a plain `&str` field
+/// made such a line unreadable, and replay skipped it as torn.
 #[derive(Serialize, Deserialize)]
 struct Line<'a> {
-    queue: &'a str,
-    partition: &'a str,
+    #[serde(borrow)]
+    queue: Cow<'a, str>,
+    #[serde(borrow)]
+    partition: Cow<'a, str>,
     #[serde(rename = "transactionId")]
     transaction_id: String,
     #[serde(rename = "traceId", skip_serializing_if = "Option::is_none")]
@@ -33,7 +38,8 @@ struct Line<'a> {
     #[serde(borrow)]
     payload: &'a RawValue,
     #[serde(rename = "producerSub", default, skip_serializing_if = "Option::is_none")]
-    producer_sub: Option<&'a str>,
+    #[serde(borrow)]
+    producer_sub: Option<Cow<'a, str>>,
 }
 
 /// Why spooling or replaying failed.
@@ -85,7 +91,7 @@ impl Spool {
     /// transactionId get one now. Returns the transactionIds, in item order.
     pub async fn append(&self, items: &[PushItem<'_>], producer: Option<&str>) -> Result<Vec<String>, SpoolError> {
         let txns: Vec<String> =
-            items.iter().map(|i| i.transaction_id.clone().unwrap_or_else(|| Uuid::now_v7().to_string())).collect();
+            items.iter().map(|i| i.transaction_id.as_deref().map_or_else(|| Uuid::now_v7().to_string(), str::to_string)).collect();
         let mut line = Vec::new();
         line.push(b'[');
         for (n, (item, txn)) in items.iter().zip(&txns).enumerate() {
@@ -94,12 +100,12 @@ impl Spool {
             }
             let payload: &RawValue = serde_json::from_str(item.payload).map_err(|e| SpoolError::Push(e.to_string()))?;
             let l = Line {
-                queue: &item.queue,
-                partition: &item.partition,
+                queue: Cow::Borrowed(&item.queue),
+                partition: Cow::Borrowed(&item.partition),
                 transaction_id: txn.clone(),
                 trace_id: item.trace_id,
                 payload,
-                producer_sub: producer,
+                producer_sub: producer.map(Cow::Borrowed),
             };
             serde_json::to_writer(&mut line, &l).map_err(|e| SpoolError::Push(e.to_string()))?;
         }
@@ -143,16 +149,16 @@ impl Spool {
                 let items: Vec<PushItem<'_>> = lines
                     .iter()
                     .map(|l| PushItem {
-                        queue: l.queue.to_string(),
-                        partition: l.partition.to_string(),
-                        transaction_id: Some(l.transaction_id.clone()),
+                        queue: Cow::Borrowed(&l.queue),
+                        partition: Cow::Borrowed(&l.partition),
+                        transaction_id: Some(l.transaction_id.as_str().into()),
                         trace_id: l.trace_id,
                         payload: l.payload.get(),
                         message_id: None,
                     })
                     .collect();
                 // One request per line, so one producer per line.
-                let producer = lines.first().and_then(|l| l.producer_sub);
+                let producer = lines.first().and_then(|l| l.producer_sub.as_deref());
                 let results = push_items(coalescer, &items, producer).await.map_err(|e: std::sync::Arc<PushError>| SpoolError::Push(e.to_string()))?;
                 replayed += results.len();
                 on_commit(&results);

@@ -2,8 +2,13 @@
 //!
 //! Payloads stay raw JSON slices borrowed from the request body: they are
 //! checked for well-formedness by the parser and copied once, into the frame.
+//! Names and transactionIds borrow from the body too, unless JSON escapes
+//! made the parser write a new string: a push of 100 items made 300 small
+//! allocations per request here before (docs/PERFORMANCE.md, stop 12).
 //! Every refusal names the item index and the field, because a producer with a
 //! batch of a thousand items needs to know which one is wrong.
+
+use std::borrow::Cow;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -16,13 +21,14 @@ pub const MAX_TRANSACTION_ID_BYTES: usize = 1024;
 /// The partition an item without one goes to.
 pub const DEFAULT_PARTITION: &str = "Default";
 
-/// One push item after validation. The payload borrows from the body.
+/// One push item after validation. Its strings borrow from the body where
+/// they can.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PushItem<'a> {
-    pub queue: String,
-    pub partition: String,
+    pub queue: Cow<'a, str>,
+    pub partition: Cow<'a, str>,
     /// `None` when absent or empty: the broker mints one.
-    pub transaction_id: Option<String>,
+    pub transaction_id: Option<Cow<'a, str>>,
     pub trace_id: Option<Uuid>,
     pub payload: &'a str,
     /// Minted by the client (pre-framed binary pushes); else the broker mints.
@@ -76,7 +82,7 @@ pub fn parse_item<'a>(index: usize, raw: &'a RawValue) -> Result<PushItem<'a>, S
             check_name(&p).map_err(|e| field("partition", e))?;
             p
         }
-        None => DEFAULT_PARTITION.to_string(),
+        None => Cow::Borrowed(DEFAULT_PARTITION),
     };
     let transaction_id =
         string_field(item.transaction_id).map_err(|p| field("transactionId", p))?.filter(|t| !t.is_empty());
@@ -107,9 +113,9 @@ pub fn from_binary(items: &[crate::log::binary::BinaryItem]) -> Result<Vec<PushI
                 return Err(field("transactionId", "longer than 1024 bytes"));
             }
             Ok(PushItem {
-                queue: b.queue.clone(),
-                partition: b.partition.clone(),
-                transaction_id: b.transaction_id.clone(),
+                queue: Cow::Borrowed(&b.queue),
+                partition: Cow::Borrowed(&b.partition),
+                transaction_id: b.transaction_id.as_deref().map(Cow::Borrowed),
                 trace_id: b.trace_id,
                 payload: &b.payload,
                 message_id: b.message_id,
@@ -118,12 +124,16 @@ pub fn from_binary(items: &[crate::log::binary::BinaryItem]) -> Result<Vec<PushI
         .collect()
 }
 
-/// A field that, when present and not null, must be a JSON string.
-fn string_field(raw: Option<&RawValue>) -> Result<Option<String>, &'static str> {
+/// A field that, when present and not null, must be a JSON string: borrowed
+/// from the body, or a new string when it holds escapes.
+fn string_field(raw: Option<&RawValue>) -> Result<Option<Cow<'_, str>>, &'static str> {
     match raw {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
-        Some(r) => serde_json::from_str::<String>(r.get()).map(Some).map_err(|_| "must be a string"),
+        Some(r) => match serde_json::from_str::<&str>(r.get()) {
+            Ok(s) => Ok(Some(Cow::Borrowed(s))),
+            Err(_) => serde_json::from_str::<String>(r.get()).map(|s| Some(Cow::Owned(s))).map_err(|_| "must be a string"),
+        },
     }
 }
 
@@ -150,6 +160,21 @@ mod tests {
         assert_eq!(items[0].partition, "Default");
         assert_eq!(items[0].payload, r#"{"b": 1, "a":[1, 2]}"#);
         assert_eq!(items[0].transaction_id, None);
+    }
+
+    #[test]
+    fn strings_borrow_from_the_body_unless_escapes_were_decoded() {
+        let body = r#"{"items":[{"queue":"q","partition":"p","transactionId":"t1"},
+                                {"queue":"a\"b","partition":"c\\d","transactionId":"t\u00e9"}]}"#;
+        let items = parse_push_body(body).unwrap();
+        let plain = &items[0];
+        assert!(matches!(&plain.queue, Cow::Borrowed("q")));
+        assert!(matches!(&plain.partition, Cow::Borrowed("p")));
+        assert!(matches!(&plain.transaction_id, Some(Cow::Borrowed("t1"))));
+        let escaped = &items[1];
+        assert!(matches!(&escaped.queue, Cow::Owned(q) if q == "a\"b"));
+        assert!(matches!(&escaped.partition, Cow::Owned(p) if p == "c\\d"));
+        assert_eq!(escaped.transaction_id.as_deref(), Some("té"));
     }
 
     #[test]
