@@ -9,6 +9,7 @@
 //! batch of a thousand items needs to know which one is wrong.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -100,15 +101,21 @@ pub fn parse_item<'a>(index: usize, raw: &'a RawValue) -> Result<PushItem<'a>, S
 }
 
 /// The items of a binary body, held to the same rules as JSON ones (the
-/// frame already guarantees strings and JSON payloads).
+/// frame already guarantees strings and JSON payloads). A group's items share
+/// its names, which are checked once.
 pub fn from_binary(items: &[crate::log::binary::BinaryItem]) -> Result<Vec<PushItem<'_>>, String> {
+    let mut checked: Option<&crate::log::binary::BinaryItem> = None;
     items
         .iter()
         .enumerate()
         .map(|(index, b)| {
             let field = |name: &str, problem: &str| format!("items[{index}].{name}: {problem}");
-            check_name(&b.queue).map_err(|p| field("queue", p))?;
-            check_name(&b.partition).map_err(|p| field("partition", p))?;
+            let same = checked.is_some_and(|c| Arc::ptr_eq(&c.queue, &b.queue) && Arc::ptr_eq(&c.partition, &b.partition));
+            if !same {
+                check_name(&b.queue).map_err(|p| field("queue", p))?;
+                check_name(&b.partition).map_err(|p| field("partition", p))?;
+                checked = Some(b);
+            }
             if b.transaction_id.as_ref().is_some_and(|t| t.len() > MAX_TRANSACTION_ID_BYTES) {
                 return Err(field("transactionId", "longer than 1024 bytes"));
             }
@@ -175,6 +182,27 @@ mod tests {
         assert!(matches!(&escaped.queue, Cow::Owned(q) if q == "a\"b"));
         assert!(matches!(&escaped.partition, Cow::Owned(p) if p == "c\\d"));
         assert_eq!(escaped.transaction_id.as_deref(), Some("té"));
+    }
+
+    #[test]
+    fn binary_names_are_checked_once_per_group_and_errors_name_the_item() {
+        use crate::log::binary::BinaryItem;
+        let item = |queue: &Arc<str>, partition: &Arc<str>| BinaryItem {
+            queue: queue.clone(),
+            partition: partition.clone(),
+            transaction_id: None,
+            message_id: None,
+            trace_id: None,
+            payload: "1".into(),
+        };
+        let (q, p, empty): (Arc<str>, Arc<str>, Arc<str>) = ("q".into(), "p".into(), "".into());
+        let items = [item(&q, &p), item(&q, &p), item(&q, &empty)];
+        assert_eq!(from_binary(&items).unwrap_err(), "items[2].partition: must not be empty");
+        assert_eq!(from_binary(&items[..2]).unwrap().len(), 2);
+        // Another group's names (another allocation) are checked in turn.
+        let bad: Arc<str> = "a\u{7}".into();
+        let items = [item(&q, &p), item(&bad, &p)];
+        assert_eq!(from_binary(&items).unwrap_err(), "items[1].queue: must not contain control characters");
     }
 
     #[test]
