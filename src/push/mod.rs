@@ -65,7 +65,7 @@ impl<'a> PushPlan<'a> {
             .zip(&message_ids)
             .map(|(it, id)| match &it.transaction_id {
                 Some(t) => Cow::Borrowed(&**t),
-                None => Cow::Owned(id.to_string()),
+                None => Cow::Owned(id.hyphenated().encode_lower(&mut Uuid::encode_buffer()).to_owned()),
             })
             .collect();
         let hashes: Vec<i64> = txns.iter().map(|t| txn_hash(t)).collect();
@@ -121,7 +121,7 @@ impl<'a> PushPlan<'a> {
 
 /// Slot numbers by key for a request's items, which nearly always come
 /// partition by partition: the previous item's key is compared before the
-/// map is hashed.
+/// map is hashed, and a request of one key never builds the map.
 pub(crate) struct Slots<K> {
     last: Option<(K, usize)>,
     map: HashMap<K, usize>,
@@ -136,14 +136,19 @@ impl<K> Default for Slots<K> {
 impl<K: std::hash::Hash + Eq + Copy> Slots<K> {
     /// The slot of `key`; `new` makes one the first time `key` is seen.
     pub(crate) fn slot(&mut self, key: K, new: impl FnOnce() -> usize) -> usize {
-        match self.last {
-            Some((k, s)) if k == key => s,
-            _ => {
-                let s = *self.map.entry(key).or_insert_with(new);
-                self.last = Some((key, s));
-                s
+        let s = match self.last {
+            Some((k, s)) if k == key => return s,
+            None => new(),
+            Some((k, s)) => {
+                // Until a second key comes, the first lives only in `last`.
+                if self.map.is_empty() {
+                    self.map.insert(k, s);
+                }
+                *self.map.entry(key).or_insert_with(new)
             }
-        }
+        };
+        self.last = Some((key, s));
+        s
     }
 }
 
@@ -247,6 +252,27 @@ mod tests {
             payload: "1",
             message_id,
         }
+    }
+
+    #[test]
+    fn slots_number_keys_in_order_of_first_sight() {
+        let mut slots = Slots::default();
+        let mut made = 0;
+        let keys = ["a", "a", "b", "a", "c", "b", "b", "a"];
+        let got: Vec<usize> = keys
+            .iter()
+            .map(|&k| {
+                slots.slot(k, || {
+                    made += 1;
+                    made - 1
+                })
+            })
+            .collect();
+        assert_eq!(got, vec![0, 0, 1, 0, 2, 1, 1, 0]);
+        assert_eq!(made, 3);
+        let mut one = Slots::default();
+        assert_eq!((one.slot(7, || 0), one.slot(7, || 1)), (0, 0));
+        assert!(one.map.is_empty(), "one key builds no map");
     }
 
     #[test]
