@@ -37,8 +37,9 @@ const MAX_ATTEMPTS: usize = 8;
 
 pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v2($1, $2, $3, $4)";
 
-/// One message of an entry, with where its encoded frame sits. Its
-/// transactionId travels as its index hash, which is all the lane needs.
+/// One message of an entry, with where its encoded frame sits (an empty
+/// range in a bare entry, see [`Entry`]). Its transactionId travels as its
+/// index hash, which is all the lane needs.
 #[derive(Debug, Clone)]
 pub struct EntryItem {
     pub txn_hash: i64,
@@ -75,6 +76,10 @@ pub enum PushError {
     Db(#[from] DbError),
     #[error("the push was abandoned by its writer")]
     Lost,
+    /// A client's compressed frames, valid when the request was read, did
+    /// not read back the same (a bug, not bad input).
+    #[error("the pushed frames could not be read back: {0}")]
+    Unreadable(String),
 }
 
 impl PushError {
@@ -97,6 +102,8 @@ struct Entry {
     frames: Vec<u8>,
     /// The client's own compressed frames (`QPB1` flag 8), stored as they
     /// came when nothing of the entry is dropped; `frames` is the fallback.
+    /// A bare entry (prepacked, `frames` empty) has its frames recovered
+    /// from the blob in that case, which only a duplicate causes.
     prepacked: Option<Vec<u8>>,
     reply: Reply,
     queued: Instant,
@@ -213,6 +220,25 @@ fn shard_of(key: &(String, String)) -> usize {
     (h.finish() as usize) % SHARDS
 }
 
+/// A bare entry's frames, re-encoded from its blob, with each one's range:
+/// the frames `push_items` would have encoded, since the items were read
+/// from exactly these.
+fn unpack(blob: &[u8], items: usize) -> Result<(Vec<u8>, Vec<Range<usize>>), Arc<PushError>> {
+    let unreadable = |e: String| Arc::new(PushError::Unreadable(e));
+    let raw = decompress_frames(blob, SEGMENT_LIMIT).map_err(|e| unreadable(e.to_string()))?;
+    let mut out = Vec::with_capacity(raw.len());
+    let mut ranges = Vec::with_capacity(items);
+    for f in FrameReader::new(&raw) {
+        let start = out.len();
+        f.map_err(|e| unreadable(format!("{e:?}")))?.encode_into(&mut out);
+        ranges.push(start..out.len());
+    }
+    if ranges.len() != items {
+        return Err(unreadable(format!("{} frames for {items} items", ranges.len())));
+    }
+    Ok((out, ranges))
+}
+
 /// The 64-bit hash of a transactionId kept in the transaction index. xxh3 is
 /// a fixed, documented algorithm, so every broker computes the same value.
 pub fn txn_hash(transaction_id: &str) -> i64 {
@@ -325,6 +351,8 @@ impl Inner {
         }
         let mut outcomes: Vec<Vec<Option<Outcome>>> = batch.iter().map(|e| vec![None; e.items.len()]).collect();
         let mut window_seen = window.unwrap_or(1);
+        let bare = batch.len() == 1 && batch[0].frames.is_empty() && prepacked.is_some();
+        let mut recovered: Option<(Vec<u8>, Vec<Range<usize>>)> = None;
         let mut attempts = 0;
         while !survivors.is_empty() {
             attempts += 1;
@@ -336,12 +364,25 @@ impl Inner {
             // has been dropped (merged or refused as a duplicate); otherwise
             // the survivors' frames are gathered and compressed here.
             let whole = attempts == 1 && batch.len() == 1 && survivors.len() == batch[0].items.len();
-            let blob = match prepacked.take().filter(|_| whole) {
-                Some(blob) => blob,
-                None => {
-                    let mut frames = Vec::with_capacity(survivors.iter().map(|&(e, i)| batch[e].items[i].frame.len()).sum());
+            let blob = match prepacked.take() {
+                Some(blob) if whole => {
+                    if bare {
+                        prepacked = Some(blob.clone()); // a duplicate would need its frames back
+                    }
+                    blob
+                }
+                unused => {
+                    if bare && recovered.is_none() {
+                        let packed = unused.as_deref().ok_or_else(|| Arc::new(PushError::Unreadable("no blob".into())))?;
+                        recovered = Some(unpack(packed, batch[0].items.len())?);
+                    }
+                    let frame = |e: usize, i: usize| match &recovered {
+                        Some((raw, ranges)) => &raw[ranges[i].clone()],
+                        None => &batch[e].frames[batch[e].items[i].frame.clone()],
+                    };
+                    let mut frames = Vec::with_capacity(survivors.iter().map(|&(e, i)| frame(e, i).len()).sum());
                     for &(e, i) in &survivors {
-                        frames.extend_from_slice(&batch[e].frames[batch[e].items[i].frame.clone()]);
+                        frames.extend_from_slice(frame(e, i));
                     }
                     compress_frames(&frames, self.cfg.zstd_level)
                 }

@@ -152,6 +152,13 @@ impl<K: std::hash::Hash + Eq + Copy> Slots<K> {
     }
 }
 
+/// Whether a group's frames make one coalescer chunk (the chunking rule of
+/// [`push_items_prepacked`]: a chunk's first frame always fits).
+fn fits_one_chunk(plan: &PushPlan<'_>, items: &[PushItem<'_>], leaders: &[usize], cfg: &crate::config::CoalesceConfig) -> bool {
+    leaders.len() <= cfg.max_frames
+        && (leaders.len() == 1 || leaders.iter().map(|&idx| plan.frame(items, idx).encoded_len()).sum::<usize>() <= cfg.max_bytes)
+}
+
 /// Pushes validated items, stamped with `producer` when the caller is
 /// authenticated. Every item is committed (or found to be a
 /// duplicate) when this returns `Ok`; on `Err` the caller answers 5xx and the
@@ -183,6 +190,18 @@ pub async fn push_items_prepacked<'a>(
     for group in groups {
         let whole = |g: &&crate::log::binary::FramedGroup| group.leaders.iter().copied().eq(g.items.clone());
         let mut blob = if producer.is_none() { prepacked.iter().find(whole).map(|g| g.blob.clone()) } else { None };
+        if blob.is_some() && fits_one_chunk(&plan, items, &group.leaders, &cfg) {
+            // Stored as the client compressed it: no frames to encode (the
+            // lane recovers them from the blob if a duplicate drops one).
+            let chunk: Vec<EntryItem> = group
+                .leaders
+                .iter()
+                .map(|&idx| EntryItem { txn_hash: hashes[idx], message_id: message_ids[idx], frame: 0..0 })
+                .collect();
+            let rx = coalescer.submit(&group.queue, &group.partition, chunk, Vec::new(), blob);
+            pending.push((group.leaders.clone(), rx));
+            continue;
+        }
         let mut chunk_items: Vec<EntryItem> = Vec::new();
         let mut chunk_idx: Vec<usize> = Vec::new();
         let mut frames: Vec<u8> = Vec::new();
