@@ -4,7 +4,7 @@
 //! `http` is the thin surface, `push` the write path, `log` the pure byte
 //! formats, `db` the pool and migrations, `embedded_pg` the private cluster
 //! used when no database is configured, `config` every setting, and `app`
-//! boot and shutdown.
+//! boot and shutdown; `json` holds what the body readers share.
 
 pub mod ack;
 pub mod admin;
@@ -13,6 +13,7 @@ pub mod config;
 pub mod db;
 pub mod embedded_pg;
 pub mod http;
+pub mod json;
 pub mod log;
 pub mod maintenance;
 pub mod metrics;

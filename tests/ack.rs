@@ -197,6 +197,10 @@ async fn a_malformed_item_of_a_batch_is_refused_alone_and_the_rest_commit() {
         ]
     );
     assert_eq!(b.cursor(&pid, "g").await.0, 1, "t0 and t1 committed, the lease still held for t2..t4");
+    // An array where an item belongs is refused like any non-object.
+    let body = format!(r#"{{"acknowledgments": [["t2", "{pid}"]]}}"#);
+    let (status, r) = b.post_raw("/api/v1/ack/batch", "application/json", body.into_bytes()).await;
+    assert_eq!((status, r[0]["error"].as_str()), (200, Some("must be an object")));
     let (status, answer) = b.post_raw("/api/v1/ack/batch", "application/json", b"[1, 2]".to_vec()).await;
     assert_eq!((status, answer["error"].as_str()), (400, Some("acknowledgments: required, an array")));
     let (status, answer) = b.post_raw("/api/v1/ack/batch", "application/json", br#"{"acknowledgments": {"a": 1}}"#.to_vec()).await;

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::json::ObjectOnly;
 use uuid::Uuid;
 
 /// Longest queue or partition name, in bytes.
@@ -50,7 +52,7 @@ struct Body<'a> {
 #[derive(Deserialize)]
 struct ItemsBody<'a> {
     #[serde(borrow)]
-    items: Vec<RawItem<'a>>,
+    items: Vec<ObjectOnly<RawItem<'a>>>,
 }
 
 #[derive(Deserialize)]
@@ -73,7 +75,7 @@ struct RawItem<'a> {
 /// the `400` answer.
 pub fn parse_push_body(body: &str) -> Result<Vec<PushItem<'_>>, String> {
     if let Ok(parsed) = serde_json::from_str::<ItemsBody<'_>>(body) {
-        return check_items(parsed.items);
+        return check_items(parsed.items.into_iter().map(|ObjectOnly(i)| i));
     }
     let parsed: Body<'_> = serde_json::from_str(body).map_err(|e| format!("bad body: {e}"))?;
     parse_items(parsed.items.ok_or("items: required, an array of push items")?)
@@ -81,21 +83,21 @@ pub fn parse_push_body(body: &str) -> Result<Vec<PushItem<'_>>, String> {
 
 /// The `items` array of a push (or of a transaction's push operation).
 pub fn parse_items(items: &RawValue) -> Result<Vec<PushItem<'_>>, String> {
-    if let Ok(items) = serde_json::from_str::<Vec<RawItem<'_>>>(items.get()) {
-        return check_items(items);
+    if let Ok(items) = serde_json::from_str::<Vec<ObjectOnly<RawItem<'_>>>>(items.get()) {
+        return check_items(items.into_iter().map(|ObjectOnly(i)| i));
     }
     let items: Vec<&RawValue> = serde_json::from_str(items.get()).map_err(|_| "items: must be an array".to_string())?;
     items.iter().enumerate().map(|(i, raw)| parse_item(i, raw)).collect()
 }
 
-fn check_items(items: Vec<RawItem<'_>>) -> Result<Vec<PushItem<'_>>, String> {
-    items.into_iter().enumerate().map(|(index, item)| check_item(index, item)).collect()
+fn check_items<'a>(items: impl Iterator<Item = RawItem<'a>>) -> Result<Vec<PushItem<'a>>, String> {
+    items.enumerate().map(|(index, item)| check_item(index, item)).collect()
 }
 
 /// One push item, validated; errors name `items[index].field`.
 pub fn parse_item<'a>(index: usize, raw: &'a RawValue) -> Result<PushItem<'a>, String> {
-    let item: RawItem<'a> =
-        serde_json::from_str(raw.get()).map_err(|_| format!("items[{index}]: must be an object"))?;
+    let ObjectOnly(item) = serde_json::from_str::<ObjectOnly<RawItem<'a>>>(raw.get())
+        .map_err(|_| format!("items[{index}]: must be an object"))?;
     check_item(index, item)
 }
 
@@ -265,6 +267,7 @@ mod tests {
             (r#"{"items":[{"queue":""}]}"#, "items[0].queue: must not be empty"),
             (r#"{"items":[{"queue":"a\u0001b"}]}"#, "items[0].queue: must not contain control characters"),
             (r#"{"items":[3]}"#, "items[0]: must be an object"),
+            (r#"{"items":[{"queue":"q"},["q","p"]]}"#, "items[1]: must be an object"),
             (r#"{"items":{}}"#, "items: must be an array"),
             (r#"{}"#, "items: required, an array of push items"),
         ];
