@@ -898,3 +898,14 @@ async fn an_autoack_claim_skips_the_disk_wait_only_when_configured_to() {
         .unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, Option<String>>(1)), (1, Some("w".into())), "two committed autoAck claims, then a lease");
 }
+
+#[tokio::test]
+async fn a_trace_id_comes_back_on_the_popped_message() {
+    let b = Broker::start().await;
+    let trace = "0198f2c1-9a7b-7d20-8e31-4c5d6e7f8a90";
+    let items = json!({"items": [{"queue": "traced", "payload": 1, "traceId": trace}, {"queue": "traced", "payload": 2}]});
+    assert_eq!(b.post("/api/v1/push", items).await.0, 201);
+    let r = b.pop("/api/v1/pop/queue/traced?batch=2&autoAck=true").await;
+    let traces: Vec<Value> = r.messages().iter().map(|m| m["traceId"].clone()).collect();
+    assert_eq!(traces, [json!(trace), Value::Null]);
+}

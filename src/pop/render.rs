@@ -53,6 +53,12 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(&mut *out, s).expect("writing to a Vec does not fail");
 }
 
+/// A UUID's hyphenated text, without the formatting machinery (one or two
+/// per delivered message).
+fn uuid_text(out: &mut Vec<u8>, id: &uuid::Uuid) {
+    out.extend_from_slice(id.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()).as_bytes());
+}
+
 /// A rendered answer, with what a leased pop hands the ack registry: per
 /// partition, the delivered transactionIds and their offsets.
 pub struct Rendered {
@@ -93,7 +99,7 @@ pub fn render(
         for seg in &c.segments {
             let corrupt = |detail: String| CorruptSegment { partition_id: c.partition_id, base_offset: seg.base_offset, detail };
             let frames = decompress_frames(&seg.blob, SEGMENT_LIMIT).map_err(|e| corrupt(e.to_string()))?;
-            let created = seg.created_at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+            let created = format!(",\"createdAt\":\"{}\"", seg.created_at.format("%Y-%m-%dT%H:%M:%S%.6fZ"));
             let mut taken = 0;
             for frame in FrameReader::new(&frames).skip(seg.start_idx).take(seg.take) {
                 let f = frame.map_err(|e| corrupt(e.to_string()))?;
@@ -101,10 +107,16 @@ pub fn render(
                     out.push(b',');
                 }
                 any = true;
-                write!(out, "{{\"id\":\"{}\",\"transactionId\":", f.message_id).expect("vec write");
+                out.extend_from_slice(b"{\"id\":\"");
+                uuid_text(&mut out, &f.message_id);
+                out.extend_from_slice(b"\",\"transactionId\":");
                 json_str(&mut out, f.transaction_id);
                 match f.trace_id {
-                    Some(t) => write!(out, ",\"traceId\":\"{t}\"").expect("vec write"),
+                    Some(t) => {
+                        out.extend_from_slice(b",\"traceId\":\"");
+                        uuid_text(&mut out, &t);
+                        out.push(b'"');
+                    }
                     None => out.extend_from_slice(b",\"traceId\":null"),
                 }
                 out.extend_from_slice(b",\"data\":");
@@ -114,7 +126,7 @@ pub fn render(
                     Some(s) => json_str(&mut out, s),
                     None => out.extend_from_slice(b"null"),
                 }
-                write!(out, ",\"createdAt\":\"{created}\"").expect("vec write");
+                out.extend_from_slice(created.as_bytes());
                 out.extend_from_slice(&pid_and_rest);
                 if !lease_id.is_empty() {
                     batch.push((f.transaction_id.to_string(), seg.base_offset + (seg.start_idx + taken) as i64));
