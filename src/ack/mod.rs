@@ -41,14 +41,16 @@ impl AckStatus {
     /// Absent → completed; completed/success/acked/ok → completed; retry;
     /// dlq; anything else → failed.
     pub fn normalize(status: Option<&str>) -> AckStatus {
-        match status.map(|s| s.trim().to_ascii_lowercase()) {
-            None => AckStatus::Completed,
-            Some(s) => match s.as_str() {
-                "" | "completed" | "success" | "acked" | "ok" => AckStatus::Completed,
-                "retry" => AckStatus::Retry,
-                "dlq" => AckStatus::Dlq,
-                _ => AckStatus::Failed,
-            },
+        let Some(s) = status.map(str::trim) else { return AckStatus::Completed };
+        let is = |word: &str| s.eq_ignore_ascii_case(word);
+        if s.is_empty() || is("completed") || is("success") || is("acked") || is("ok") {
+            AckStatus::Completed
+        } else if is("retry") {
+            AckStatus::Retry
+        } else if is("dlq") {
+            AckStatus::Dlq
+        } else {
+            AckStatus::Failed
         }
     }
 
@@ -188,17 +190,18 @@ impl AckService {
     ) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
         let mut outcomes: Vec<Option<AckOutcome>> = vec![None; items.len()];
         let mut released = Vec::new();
-        // Group by (partition, group, lease), keeping request order inside.
+        // Group by (partition, group, lease), keeping request order inside
+        // (a batch's acks come partition by partition, see push::Slots).
         let mut groups: Vec<((i64, String, String), Vec<usize>)> = Vec::new();
-        let mut slot: HashMap<(i64, String, String), usize> = HashMap::new();
+        let mut slots = crate::push::Slots::default();
         for (i, item) in items.iter().enumerate() {
             let Ok(pid) = item.partition_id.trim().parse::<i64>() else {
                 outcomes[i] = Some(failure(i, item, UNRESOLVABLE));
                 continue;
             };
-            let key = (pid, item.group.clone(), item.lease_id.clone().unwrap_or_default());
-            let g = *slot.entry(key.clone()).or_insert_with(|| {
-                groups.push((key, Vec::new()));
+            let lease = item.lease_id.as_deref().unwrap_or_default();
+            let g = slots.slot((pid, item.group.as_str(), lease), || {
+                groups.push(((pid, item.group.clone(), lease.to_string()), Vec::new()));
                 groups.len() - 1
             });
             groups[g].1.push(i);
@@ -356,8 +359,7 @@ impl AckService {
         idxs: &[usize],
         items: &[AckItem],
     ) -> Result<Vec<Option<i64>>, DbError> {
-        let mut offsets: Vec<Option<i64>> =
-            idxs.iter().map(|&i| self.registry.resolve(lease, pid, &items[i].transaction_id)).collect();
+        let mut offsets = self.registry.resolve_many(lease, pid, idxs.iter().map(|&i| items[i].transaction_id.as_str()));
         let missing: Vec<i64> =
             idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| txn_hash(&items[i].transaction_id)).collect();
         if !missing.is_empty() {
@@ -476,6 +478,10 @@ mod tests {
             (Some("dlq"), Dlq),
             (Some("failed"), Failed),
             (Some("nope"), Failed),
+            (Some(" Retry "), Retry),
+            (Some("DLQ"), Dlq),
+            (Some("  "), Completed),
+            (Some("completedx"), Failed),
         ] {
             assert_eq!(AckStatus::normalize(s), want, "{s:?}");
         }

@@ -69,8 +69,17 @@ impl AckRegistry {
 
     /// The offset of `txn` in the batch `lease` holds on `pid`, if known.
     pub fn resolve(&self, lease: &str, pid: i64, txn: &str) -> Option<i64> {
+        self.resolve_many(lease, pid, std::iter::once(txn))[0]
+    }
+
+    /// [`AckRegistry::resolve`] for many transactionIds of one (lease,
+    /// partition): one lock and one batch lookup for a whole ack group.
+    pub fn resolve_many<'a>(&self, lease: &str, pid: i64, txns: impl Iterator<Item = &'a str>) -> Vec<Option<i64>> {
         let inner = self.inner.lock().expect("registry lock poisoned");
-        inner.leases.get(lease)?.get(&pid)?.offsets.get(txn).copied()
+        match inner.leases.get(lease).and_then(|parts| parts.get(&pid)) {
+            Some(batch) => txns.map(|t| batch.offsets.get(t).copied()).collect(),
+            None => txns.map(|_| None).collect(),
+        }
     }
 
     /// Every partition this broker knows `lease` covers.
@@ -124,6 +133,8 @@ mod tests {
         r.record("L", 7, vec![("a".into(), 10), ("b".into(), 11)]);
         assert_eq!(r.resolve("L", 7, "b"), Some(11));
         assert_eq!(r.resolve("L", 8, "b"), None);
+        assert_eq!(r.resolve_many("L", 7, ["b", "x", "a"].into_iter()), vec![Some(11), None, Some(10)]);
+        assert_eq!(r.resolve_many("M", 7, ["a"].into_iter()), vec![None]);
         assert_eq!(r.partitions_of("L"), Some(vec![7]));
         r.release("L", 7);
         assert_eq!(r.resolve("L", 7, "a"), None);
