@@ -1,9 +1,13 @@
-//! Small pieces for reading request bodies with serde.
+//! Small pieces the routes share for reading and writing JSON bodies.
 //!
-//! Why: serde's derived structs also accept a JSON array, filling fields by
-//! position, so a `[..]` where an object belongs would pass as one. The
+//! Reading: serde's derived structs also accept a JSON array, filling fields
+//! by position, so a `[..]` where an object belongs would pass as one. The
 //! routes' one-pass readers (push items, ack batches) deserialize straight
 //! into such structs, and must refuse what the per-item readers refuse.
+//!
+//! Writing: the push and ack answers hold one object per message and are
+//! written by hand (serde's formatting was a top symbol of both paths); they
+//! share the integer and string writers.
 
 use std::marker::PhantomData;
 
@@ -28,9 +32,42 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
     }
 }
 
+/// `v` in decimal, without the formatting machinery.
+pub fn decimal(out: &mut Vec<u8>, v: i64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut rest = v.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if v < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// `s` as a JSON string, escaped.
+pub fn string(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(out, s).expect("writing to a Vec does not fail");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_writes_every_i64() {
+        for v in [0, 7, 10, -12, 1_234_567_890, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            decimal(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), v.to_string());
+        }
+    }
 
     #[derive(serde::Deserialize, Debug, PartialEq)]
     struct Pair<'a> {

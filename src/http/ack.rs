@@ -215,6 +215,42 @@ enum Echo<'a> {
     Sent(Value),
 }
 
+/// The answers, written by hand into one buffer: serialized through serde, a
+/// batch of 500 acks was about 5 % of the broker's samples in a leased drain.
+fn answers_json(answers: &[Answer]) -> Response {
+    use crate::json::{decimal, string};
+    let flag = |out: &mut Vec<u8>, key: &[u8], v: bool| {
+        out.extend_from_slice(key);
+        out.extend_from_slice(if v { b"true" } else { b"false" });
+    };
+    let mut out = Vec::with_capacity(2 + answers.len() * 128);
+    out.push(b'[');
+    for (n, a) in answers.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"index\":");
+        decimal(&mut out, a.index as i64);
+        out.extend_from_slice(b",\"transactionId\":");
+        match &a.transaction_id {
+            Echo::Id(id) => string(&mut out, id),
+            Echo::Sent(v) => serde_json::to_writer(&mut out, v).expect("writing to a Vec does not fail"),
+        }
+        flag(&mut out, b",\"success\":", a.success);
+        out.extend_from_slice(b",\"error\":");
+        match a.error {
+            Some(e) => string(&mut out, e),
+            None => out.extend_from_slice(b"null"),
+        }
+        flag(&mut out, b",\"leaseReleased\":", a.lease_released);
+        flag(&mut out, b",\"dlq\":", a.dlq);
+        flag(&mut out, b",\"noop\":", a.noop);
+        out.push(b'}');
+    }
+    out.push(b']');
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], out).into_response()
+}
+
 fn answer(o: &AckOutcome, index: usize) -> Answer<'_> {
     Answer {
         index,
@@ -247,7 +283,7 @@ pub async fn ack_one(State(state): State<AppState>, headers: HeaderMap, body: Bo
     state.count_acks(&outcomes);
     wake_after(&state, &released);
     let answers: Vec<Answer> = outcomes.iter().map(|o| answer(o, o.index)).collect();
-    Ok(Json(answers).into_response())
+    Ok(answers_json(&answers))
 }
 
 pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
@@ -268,7 +304,7 @@ pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: 
             state.count_acks(&outcomes);
             wake_after(&state, &released);
             let answers: Vec<Answer> = outcomes.iter().enumerate().map(|(i, o)| answer(o, i)).collect();
-            return Ok(Json(answers).into_response());
+            return Ok(answers_json(&answers));
         }
     }
     let parsed: BatchBody = serde_json::from_str(text).map_err(bad_body)?;
@@ -317,7 +353,7 @@ pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: 
         });
     }
     let answers: Vec<Answer> = answers.into_iter().map(|a| a.expect("every ack answered")).collect();
-    Ok(Json(answers).into_response())
+    Ok(answers_json(&answers))
 }
 
 pub async fn extend_lease(
@@ -385,5 +421,31 @@ pub async fn transaction(
         Err(TxnError::BadRequest(e)) => Ok(refused(StatusCode::BAD_REQUEST, e)),
         Err(TxnError::RidersDisabled) => Ok(refused(StatusCode::FORBIDDEN, TxnError::RidersDisabled.to_string())),
         Err(TxnError::Db(e)) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_answers_match_what_serde_would_write() {
+        let answers = [
+            Answer { index: 0, transaction_id: Echo::Id("t\"1\\é"), success: true, error: None, lease_released: true, dlq: false, noop: false },
+            Answer {
+                index: 17,
+                transaction_id: Echo::Sent(serde_json::json!({"n": [1, "x"]})),
+                success: false,
+                error: Some("transactionId: must be a string\n"),
+                lease_released: false,
+                dlq: true,
+                noop: true,
+            },
+            Answer { index: 2, transaction_id: Echo::Sent(Value::Null), success: false, error: Some("é"), lease_released: false, dlq: false, noop: false },
+        ];
+        let response = answers_json(&answers);
+        assert_eq!(response.headers()[axum::http::header::CONTENT_TYPE], "application/json");
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        assert_eq!(std::str::from_utf8(&body).unwrap(), serde_json::to_string(&answers).unwrap());
     }
 }

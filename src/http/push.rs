@@ -10,6 +10,7 @@ use axum::Json;
 use super::body::{read_limited, utf8};
 use super::error::ApiError;
 use super::AppState;
+use crate::json::{decimal, string};
 use crate::push::{self, ItemResult, Outcome};
 
 /// The push answer, written by hand into one buffer: one object per item,
@@ -19,7 +20,6 @@ use crate::push::{self, ItemResult, Outcome};
 /// Only the client's strings are escaped, each once: the transactionId is
 /// copied into both spellings, and the queue name is reused while it repeats.
 fn render_answer(results: &[ItemResult]) -> Vec<u8> {
-    let text = |out: &mut Vec<u8>, s: &str| serde_json::to_writer(out, s).expect("writing to a Vec does not fail");
     let mut out = Vec::with_capacity(2 + results.len() * 280);
     let mut txn = Vec::with_capacity(64);
     let mut queue: (Option<&str>, Vec<u8>) = (None, Vec::new());
@@ -41,14 +41,14 @@ fn render_answer(results: &[ItemResult]) -> Vec<u8> {
         out.extend_from_slice(id);
         out.extend_from_slice(b"\",\"transactionId\":");
         txn.clear();
-        text(&mut txn, &r.transaction_id);
+        string(&mut txn, &r.transaction_id);
         out.extend_from_slice(&txn);
         out.extend_from_slice(b",\"transaction_id\":");
         out.extend_from_slice(&txn);
         out.extend_from_slice(b",\"queueName\":");
         if queue.0 != Some(r.queue) {
             queue.1.clear();
-            text(&mut queue.1, r.queue);
+            string(&mut queue.1, r.queue);
             queue.0 = Some(r.queue);
         }
         out.extend_from_slice(&queue.1);
@@ -58,25 +58,6 @@ fn render_answer(results: &[ItemResult]) -> Vec<u8> {
     }
     out.push(b']');
     out
-}
-
-/// `v` in decimal, without the formatting machinery (two per item above).
-fn decimal(out: &mut Vec<u8>, v: i64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut rest = v.unsigned_abs();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    if v < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&digits[i..]);
 }
 
 /// A 201 with a body already rendered as JSON.
@@ -183,15 +164,6 @@ fn notify_consumers(state: &AppState, results: &[ItemResult]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn decimal_writes_every_i64() {
-        for v in [0, 7, 10, -12, 1_234_567_890, i64::MAX, i64::MIN] {
-            let mut out = Vec::new();
-            decimal(&mut out, v);
-            assert_eq!(String::from_utf8(out).unwrap(), v.to_string());
-        }
-    }
 
     #[test]
     fn the_answer_matches_what_serde_would_write_across_queues_and_outcomes() {

@@ -7,6 +7,7 @@ use std::io::Write;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 
 use super::claim::ClaimedPartition;
+use crate::json::string as json_str;
 use super::params::PopParams;
 
 /// A segment blob that no longer decodes: the answer fails rather than
@@ -47,10 +48,6 @@ pub fn render_frames(claimed: &[ClaimedPartition], top_queue: &str, lease_id: &s
         .collect();
     let own = own_keys(p);
     Some(crate::log::binary::encode_pop_frames(top_queue, lease_id, &p.group, own.as_deref(), &claims))
-}
-
-fn json_str(out: &mut Vec<u8>, s: &str) {
-    serde_json::to_writer(&mut *out, s).expect("writing to a Vec does not fail");
 }
 
 /// A UUID's hyphenated text, without the formatting machinery (one or two
