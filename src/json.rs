@@ -51,6 +51,29 @@ pub fn decimal(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&digits[i..]);
 }
 
+/// A JSON array of one object per item, each opening with the item's
+/// `"index"`; `members` writes the rest of the object, from its first comma.
+pub fn indexed_objects<T>(
+    items: &[T],
+    bytes_each: usize,
+    index: impl Fn(&T) -> usize,
+    mut members: impl FnMut(&mut Vec<u8>, &T),
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + items.len() * bytes_each);
+    out.push(b'[');
+    for (n, item) in items.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"index\":");
+        decimal(&mut out, index(item) as i64);
+        members(&mut out, item);
+        out.push(b'}');
+    }
+    out.push(b']');
+    out
+}
+
 /// `s` as a JSON string, escaped.
 pub fn string(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(out, s).expect("writing to a Vec does not fail");

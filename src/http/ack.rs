@@ -218,36 +218,27 @@ enum Echo<'a> {
 /// The answers, written by hand into one buffer: serialized through serde, a
 /// batch of 500 acks was about 5 % of the broker's samples in a leased drain.
 fn answers_json(answers: &[Answer]) -> Response {
-    use crate::json::{decimal, string};
+    use crate::json::{indexed_objects, string};
     let flag = |out: &mut Vec<u8>, key: &[u8], v: bool| {
         out.extend_from_slice(key);
         out.extend_from_slice(if v { b"true" } else { b"false" });
     };
-    let mut out = Vec::with_capacity(2 + answers.len() * 128);
-    out.push(b'[');
-    for (n, a) in answers.iter().enumerate() {
-        if n > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"index\":");
-        decimal(&mut out, a.index as i64);
+    let out = indexed_objects(answers, 128, |a| a.index, |out, a| {
         out.extend_from_slice(b",\"transactionId\":");
         match &a.transaction_id {
-            Echo::Id(id) => string(&mut out, id),
-            Echo::Sent(v) => serde_json::to_writer(&mut out, v).expect("writing to a Vec does not fail"),
+            Echo::Id(id) => string(out, id),
+            Echo::Sent(v) => serde_json::to_writer(&mut *out, v).expect("writing to a Vec does not fail"),
         }
-        flag(&mut out, b",\"success\":", a.success);
+        flag(out, b",\"success\":", a.success);
         out.extend_from_slice(b",\"error\":");
         match a.error {
-            Some(e) => string(&mut out, e),
+            Some(e) => string(out, e),
             None => out.extend_from_slice(b"null"),
         }
-        flag(&mut out, b",\"leaseReleased\":", a.lease_released);
-        flag(&mut out, b",\"dlq\":", a.dlq);
-        flag(&mut out, b",\"noop\":", a.noop);
-        out.push(b'}');
-    }
-    out.push(b']');
+        flag(out, b",\"leaseReleased\":", a.lease_released);
+        flag(out, b",\"dlq\":", a.dlq);
+        flag(out, b",\"noop\":", a.noop);
+    });
     ([(axum::http::header::CONTENT_TYPE, "application/json")], out).into_response()
 }
 

@@ -10,7 +10,7 @@ use axum::Json;
 use super::body::{read_limited, utf8};
 use super::error::ApiError;
 use super::AppState;
-use crate::json::{decimal, string};
+use crate::json::{decimal, indexed_objects, string};
 use crate::push::{self, ItemResult, Outcome};
 
 /// The push answer, written by hand into one buffer: one object per item,
@@ -20,16 +20,9 @@ use crate::push::{self, ItemResult, Outcome};
 /// Only the client's strings are escaped, each once: the transactionId is
 /// copied into both spellings, and the queue name is reused while it repeats.
 fn render_answer(results: &[ItemResult]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + results.len() * 280);
     let mut txn = Vec::with_capacity(64);
     let mut queue: (Option<&str>, Vec<u8>) = (None, Vec::new());
-    out.push(b'[');
-    for (n, r) in results.iter().enumerate() {
-        if n > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"index\":");
-        decimal(&mut out, r.index as i64);
+    indexed_objects(results, 280, |r| r.index, |out, r| {
         out.extend_from_slice(match r.outcome {
             Outcome::Queued { .. } => b",\"status\":\"queued\",\"messageId\":\"",
             Outcome::Duplicate { .. } => b",\"status\":\"duplicate\",\"messageId\":\"",
@@ -53,11 +46,9 @@ fn render_answer(results: &[ItemResult]) -> Vec<u8> {
         }
         out.extend_from_slice(&queue.1);
         out.extend_from_slice(b",\"partitionId\":\"");
-        decimal(&mut out, r.outcome.partition_id());
-        out.extend_from_slice(b"\"}");
-    }
-    out.push(b']');
-    out
+        decimal(out, r.outcome.partition_id());
+        out.push(b'"');
+    })
 }
 
 /// A 201 with a body already rendered as JSON.
