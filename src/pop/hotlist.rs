@@ -10,7 +10,7 @@
 //! (pushes through other brokers). Checked-out candidates a dropped pop never
 //! settled are put back by the guard's `Drop`.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -272,28 +272,34 @@ impl HotList {
             queue: queue.to_string(),
             group: group.to_string(),
             candidates: taken,
-            settled: HashSet::new(),
         }
     }
 
-    fn settle(&self, queue: &str, group: &str, pid: i64, name: &Arc<str>, verdict: Option<Verdict>) {
+    /// Settles a pop's candidates under one lock (a pop at 100,000
+    /// partitions checks out 256 and settled them one lock and one wake-up
+    /// each). A verdict puts the candidate back at the tail, or drops it when
+    /// it was found empty and nothing was pushed to it meanwhile; `None` puts
+    /// it back at the head, so unvisited ones come in reverse order.
+    fn settle_all<'a>(&self, queue: &str, group: &str, candidates: impl Iterator<Item = (i64, &'a Arc<str>, Option<Verdict>)>) {
         self.with_ring(queue, group, |r| {
-            let dirty = matches!(r.members.get(&pid), Some(Member::Out { dirty: true }));
-            match verdict {
-                Some(Verdict::Empty) if !dirty => {
-                    r.members.remove(&pid);
-                    r.estimates.remove(&pid);
-                }
-                Some(v) => {
-                    if matches!(v, Verdict::Claimed | Verdict::Empty) {
-                        r.estimates.insert(pid, None);
+            for (pid, name, verdict) in candidates {
+                let dirty = matches!(r.members.get(&pid), Some(Member::Out { dirty: true }));
+                match verdict {
+                    Some(Verdict::Empty) if !dirty => {
+                        r.members.remove(&pid);
+                        r.estimates.remove(&pid);
                     }
-                    r.members.insert(pid, Member::Ready);
-                    r.ready.push_back((pid, name.clone()));
-                }
-                None => {
-                    r.members.insert(pid, Member::Ready);
-                    r.ready.push_front((pid, name.clone()));
+                    Some(v) => {
+                        if matches!(v, Verdict::Claimed | Verdict::Empty) {
+                            r.estimates.insert(pid, None);
+                        }
+                        r.members.insert(pid, Member::Ready);
+                        r.ready.push_back((pid, name.clone()));
+                    }
+                    None => {
+                        r.members.insert(pid, Member::Ready);
+                        r.ready.push_front((pid, name.clone()));
+                    }
                 }
             }
             if !r.ready.is_empty() {
@@ -415,7 +421,6 @@ pub struct Checkout {
     queue: String,
     group: String,
     candidates: Vec<(i64, Arc<str>)>,
-    settled: HashSet<i64>,
 }
 
 impl Checkout {
@@ -427,26 +432,21 @@ impl Checkout {
         self.candidates.is_empty()
     }
 
-    /// Records the claim's verdicts; candidates without one were not visited.
+    /// Records the claim's verdicts; candidates without one were not visited
+    /// and go back to the head in their original order.
     pub fn settle(mut self, verdicts: &HashMap<i64, Verdict>) {
         let candidates = std::mem::take(&mut self.candidates);
-        for (pid, name) in &candidates {
-            if let Some(v) = verdicts.get(pid) {
-                self.list.settle(&self.queue, &self.group, *pid, name, Some(*v));
-                self.settled.insert(*pid);
-            }
-        }
-        // Unvisited ones go back to the head in their original order.
-        self.candidates = candidates;
+        let visited = candidates.iter().filter_map(|(pid, name)| verdicts.get(pid).map(|v| (*pid, name, Some(*v))));
+        let unvisited = candidates.iter().rev().filter(|(pid, _)| !verdicts.contains_key(pid)).map(|(pid, name)| (*pid, name, None));
+        self.list.settle_all(&self.queue, &self.group, visited.chain(unvisited));
     }
 }
 
 impl Drop for Checkout {
     fn drop(&mut self) {
-        for (pid, name) in std::mem::take(&mut self.candidates).into_iter().rev() {
-            if !self.settled.contains(&pid) {
-                self.list.settle(&self.queue, &self.group, pid, &name, None);
-            }
+        let candidates = std::mem::take(&mut self.candidates);
+        if !candidates.is_empty() {
+            self.list.settle_all(&self.queue, &self.group, candidates.iter().rev().map(|(pid, name)| (*pid, name, None)));
         }
     }
 }
@@ -502,6 +502,22 @@ mod tests {
         // 3 was not visited: back at the head; 1 at the tail; 2 gone.
         let c = l.checkout("q", "g", 10);
         assert_eq!(c.pids(), [3, 4, 1]);
+    }
+
+    #[test]
+    fn unvisited_candidates_go_back_to_the_head_in_their_order_settled_or_dropped() {
+        let l = list();
+        for p in 1..=6 {
+            l.pushed("q", p, "p", 1);
+        }
+        let c = l.checkout("q", "g", 5);
+        c.settle(&HashMap::from([(2, Verdict::Claimed), (4, Verdict::Empty)]));
+        let c = l.checkout("q", "g", 10);
+        assert_eq!(c.pids(), [1, 3, 5, 6, 2], "1, 3, 5 unvisited at the head; 2 at the tail; 4 gone");
+        drop(c); // a pop that went away settles nothing
+        let c = l.checkout("q", "g", 2);
+        assert_eq!(c.pids(), [1, 3]);
+        assert_eq!(l.ready_len("q", "g"), 3);
     }
 
     #[tokio::test]
