@@ -265,14 +265,24 @@ fn wake_after(state: &AppState, released: &[Released]) {
     }
 }
 
+/// Applies valid acknowledgements (none: nothing to do), counts them and
+/// wakes the queues whose leases they released.
+async fn apply(state: &AppState, items: &[AckItem]) -> Result<Vec<AckOutcome>, ApiError> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (outcomes, released) = state.ack.ack(items).await.map_err(ApiError::from)?;
+    state.count_acks(&outcomes);
+    wake_after(state, &released);
+    Ok(outcomes)
+}
+
 pub async fn ack_one(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
     let text = utf8(&bytes)?;
     serde_json::from_str::<IgnoredAny>(text).map_err(bad_body)?;
     let item = item_of(text, QUEUE_MODE).map_err(ApiError::BadRequest)?;
-    let (outcomes, released) = state.ack.ack(std::slice::from_ref(&item)).await.map_err(ApiError::from)?;
-    state.count_acks(&outcomes);
-    wake_after(&state, &released);
+    let outcomes = apply(&state, std::slice::from_ref(&item)).await?;
     let answers: Vec<Answer> = outcomes.iter().map(|o| answer(o, o.index)).collect();
     Ok(answers_json(&answers))
 }
@@ -291,9 +301,7 @@ pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: 
         let items: Result<Vec<AckItem>, String> =
             batch.acknowledgments.into_iter().map(|ObjectOnly(f)| item_from(f, &group)).collect();
         if let Ok(valid) = items {
-            let (outcomes, released) = if valid.is_empty() { Default::default() } else { state.ack.ack(&valid).await.map_err(ApiError::from)? };
-            state.count_acks(&outcomes);
-            wake_after(&state, &released);
+            let outcomes = apply(&state, &valid).await?;
             let answers: Vec<Answer> = outcomes.iter().enumerate().map(|(i, o)| answer(o, i)).collect();
             return Ok(answers_json(&answers));
         }
@@ -316,13 +324,7 @@ pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: 
             Err(e) => refused.push((i, e)),
         }
     }
-    let mut outcomes = Vec::new();
-    if !valid.is_empty() {
-        let released;
-        (outcomes, released) = state.ack.ack(&valid).await.map_err(ApiError::from)?;
-        state.count_acks(&outcomes);
-        wake_after(&state, &released);
-    }
+    let outcomes = apply(&state, &valid).await?;
     let mut answers: Vec<Option<Answer>> = (0..list.len()).map(|_| None).collect();
     for (o, &i) in outcomes.iter().zip(&positions) {
         answers[i] = Some(answer(o, i));

@@ -489,12 +489,18 @@ mod tests {
         assert_eq!(l.plan("q", "g", false), Plan::Claim { reseed: false });
     }
 
-    #[test]
-    fn verdicts_decide_who_stays() {
+    /// A ring whose members 1..=n were each pushed once, in that order.
+    fn list_of(n: i64) -> Arc<HotList> {
         let l = list();
-        for p in 1..=4 {
+        for p in 1..=n {
             l.pushed("q", p, "p", 1);
         }
+        l
+    }
+
+    #[test]
+    fn verdicts_decide_who_stays() {
+        let l = list_of(4);
         let c = l.checkout("q", "g", 3);
         assert_eq!(c.pids(), [1, 2, 3]);
         let verdicts = HashMap::from([(1, Verdict::Claimed), (2, Verdict::Empty)]);
@@ -506,10 +512,7 @@ mod tests {
 
     #[test]
     fn unvisited_candidates_go_back_to_the_head_in_their_order_settled_or_dropped() {
-        let l = list();
-        for p in 1..=6 {
-            l.pushed("q", p, "p", 1);
-        }
+        let l = list_of(6);
         let c = l.checkout("q", "g", 5);
         c.settle(&HashMap::from([(2, Verdict::Claimed), (4, Verdict::Empty)]));
         let c = l.checkout("q", "g", 10);
