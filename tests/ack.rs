@@ -555,12 +555,50 @@ async fn a_batch_over_several_partitions_answers_every_group_by_the_full_rules()
 
     // In bulk: a and b, then b's rest. One by one: c (a nack), d (its lease
     // did not match, so the bulk call left it), then a's noop.
+    assert_eq!(ack_groups_by_path(&b).await, (3.0, 3.0));
+}
+
+/// Ack groups applied so far (bulk, one by one), from the broker's metrics.
+async fn ack_groups_by_path(b: &Broker) -> (f64, f64) {
     let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
     let groups = |path: &str| -> f64 {
         let prefix = format!("queen_ack_groups_total{{path=\"{path}\"}} ");
         text.lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
     };
-    assert_eq!((groups("bulk"), groups("each")), (3.0, 3.0), "{text}");
+    (groups("bulk"), groups("each"))
+}
+
+#[tokio::test]
+async fn one_partitions_plain_batch_commits_in_bulk_and_a_nack_by_the_full_rules() {
+    // ack_v1 answers item by item in PL/pgSQL; a plain group is one update
+    // even alone (docs/PERFORMANCE.md, stop 13).
+    let b = Broker::start().await;
+    let (lease, pid) = leased_five(&b, "").await;
+    let acks: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
+    let items: Vec<(&str, &str, &str, Option<&str>)> =
+        acks.iter().map(|t| (t.as_str(), pid.as_str(), "completed", Some(lease.as_str()))).collect();
+    let r = b.ack_batch(None, &items[..3]).await;
+    assert!(r.iter().all(|x| outcome(x) == (true, None) && x["leaseReleased"] == false), "{r:?}");
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await, (2, Some(lease.clone()), 0));
+    let r = b.ack_batch(None, &items[3..]).await;
+    assert!(r.iter().all(|x| outcome(x) == (true, None) && x["leaseReleased"] == true), "{r:?}");
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await, (4, None, 0));
+    assert_eq!(ack_groups_by_path(&b).await, (2.0, 0.0));
+
+    // A retried ack (now below the cursor) is not plain: the full rules call
+    // it a noop. So is a stale lease, which the bulk statement leaves alone.
+    let r = b.ack_batch(None, &items[4..]).await;
+    assert_eq!((outcome(&r[0]), &r[0]["noop"]), ((true, None), &json!(true)), "{r:?}");
+    let t5 = json!({"items": [{"queue": "q", "partition": "p", "payload": 5, "transactionId": "t5"}]});
+    assert_eq!(b.post("/api/v1/push", t5).await.0, 201);
+    let popped = b.pop("/api/v1/pop/queue/q?batch=5").await.body.expect("t5");
+    let lease = popped["leaseId"].as_str().unwrap().to_string();
+    let r = b.ack_batch(None, &[("t5", &pid, "completed", Some("stale"))]).await;
+    assert_eq!(outcome(&r[0]), (false, Some("invalid or expired lease")));
+    let r = b.ack_batch(None, &[("t5", &pid, "failed", Some(&lease))]).await;
+    assert_eq!(outcome(&r[0]), (true, None));
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await, (4, None, 1));
+    assert_eq!(ack_groups_by_path(&b).await, (2.0, 3.0));
 }
 
 #[tokio::test]

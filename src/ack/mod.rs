@@ -5,9 +5,9 @@
 //! cursor: a queue without a dedup window keeps no index), acks are grouped by
 //! (partition, lease), and each group is applied by one call to `queen.ack_v1`,
 //! where the lease check, implicit acks, clamping, the retry budget and the
-//! DLQ live; only the plain groups of a batch naming several partitions (a
-//! live lease, every item completed) are applied together by
-//! `queen.ack_completed_many_v1`, which implements that one case of the rules.
+//! DLQ live; only the plain groups (a live lease, every item completed) are
+//! applied together by `queen.ack_completed_many_v1`, which implements that
+//! one case of the rules.
 //! The broker's part beyond resolution is the DLQ snapshot: only it can
 //! decode the head message out of its segment.
 
@@ -110,9 +110,10 @@ const SPAN_SLACK: i32 = 1_000;
 /// How often a multi-partition ack transaction is tried when PostgreSQL
 /// breaks a deadlock by aborting it (nothing of it was applied).
 const DEADLOCK_ATTEMPTS: u32 = 3;
+/// Plain groups go here even one at a time: ack_v1 walks its items in
+/// PL/pgSQL and answers a row each (1.26 ms of PostgreSQL for one partition's
+/// 500 acks, docs/PERFORMANCE.md, stop 13), where this is one update per group.
 const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v1($1, $2, $3, $4, $5)";
-/// Fewest plain groups worth a bulk call (for one, ack_v1 costs the same).
-const PLAIN_MIN_GROUPS: usize = 2;
 const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
@@ -214,10 +215,10 @@ impl AckService {
             let offsets = self.resolve(client, pid, &group, &lease, &idxs, items).await?;
             resolved.push(AckGroup { pid, group, lease, idxs, offsets });
         }
-        // Plain groups of a multi-partition batch commit in one statement;
-        // every other group (and a plain one it did not apply) goes through
-        // ack_v1, all at once: pipelined on the connection, sent in partition
-        // order, one round trip instead of one per partition.
+        // Plain groups commit in one statement; every other group (and a
+        // plain one it did not apply) goes through ack_v1, all at once:
+        // pipelined on the connection, sent in partition order, one round
+        // trip instead of one per partition.
         let mut plain = self.apply_plain(client, &resolved, items).await?;
         let full: Vec<&AckGroup> =
             resolved.iter().enumerate().filter(|(k, _)| !plain.contains_key(k)).map(|(_, g)| g).collect();
@@ -279,7 +280,7 @@ impl AckService {
     }
 
     /// The plain groups (a lease, every item completed and resolved) of a
-    /// batch naming several partitions, applied by one
+    /// batch, applied by one
     /// `queen.ack_completed_many_v1` call per consumer group: by index into
     /// `groups`, whether the lease was released and the queue. Groups the
     /// call leaves out were not touched (ack_v1 answers them).
@@ -299,7 +300,7 @@ impl AckService {
             }
         }
         let mut done = HashMap::new();
-        for (group, ks) in by_group.into_iter().filter(|(_, ks)| ks.len() >= PLAIN_MIN_GROUPS) {
+        for (group, ks) in by_group {
             let pids: Vec<i64> = ks.iter().map(|&k| groups[k].pid).collect();
             let leases: Vec<&str> = ks.iter().map(|&k| groups[k].lease.as_str()).collect();
             let span = |k: usize| {
