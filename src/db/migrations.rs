@@ -42,7 +42,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(14, "0014_dedup_purge_marks.sql"),
     migration!(15, "0015_retention_takes_index_entries.sql"),
     migration!(16, "0016_first_contact_seed.sql"),
-    migration!(17, "0017_ack_generic_plan.sql"),
+    migration!(17, "0017_generic_plans.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.
