@@ -432,11 +432,7 @@ async fn a_pop_whose_ring_candidates_were_emptied_behind_its_back_looks_again() 
 /// eight candidate scans of every partition (`pop_wildcard_v2`).
 #[tokio::test]
 async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_seed() {
-    let c = common::cluster();
-    let db = c.create_db().await;
-    c.connect(&db).await.batch_execute(&format!("ALTER DATABASE {db} SET track_functions = 'pl'")).await.unwrap();
-    let env = vec![("QUEEN_DATABASE_URL".to_string(), c.url(&db)), ("QUEEN_HOTLIST".to_string(), "true".to_string())];
-    let mut b = Broker::spawn(db, env).await;
+    let mut b = hotlist_broker_counting_calls().await;
     let items: Vec<Value> = (0..200).map(|p| json!({"queue": "crowd", "partition": format!("p{p}"), "payload": p})).collect();
     assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
     let mut tasks = Vec::new();
@@ -456,10 +452,29 @@ async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_se
     }
     assert_eq!(got.len(), 32, "four partitions of one message each, eight times");
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), 32, "no message twice");
-    // A backend flushes its function statistics when it exits: stop the
-    // broker, wait for its connections to go, then count.
+    let calls = calls_after_exit(&mut b).await;
+    assert!(calls("pop_list_v3") >= 1, "the pops claimed through the ring");
+    assert_eq!(calls("first_contact_v1"), 1, "one first contact");
+    assert_eq!(calls("register_group_v2"), 0, "a new group from the beginning needs no general rules");
+    assert_eq!(calls("pop_wildcard_v2"), 0, "no pop scanned every partition for candidates");
+}
+
+/// A hot-list broker on a fresh database that counts its stored functions'
+/// calls (read them with `calls_after_exit`).
+async fn hotlist_broker_counting_calls() -> Broker {
+    let c = common::cluster();
+    let db = c.create_db().await;
+    c.connect(&db).await.batch_execute(&format!("ALTER DATABASE {db} SET track_functions = 'pl'")).await.unwrap();
+    let env = vec![("QUEEN_DATABASE_URL".to_string(), c.url(&db)), ("QUEEN_HOTLIST".to_string(), "true".to_string())];
+    Broker::spawn(db, env).await
+}
+
+/// Calls of each `queen` function, by name, once the broker is stopped: a
+/// backend flushes its function statistics when it exits, so this waits for
+/// the broker's connections to go.
+async fn calls_after_exit(b: &mut Broker) -> impl Fn(&str) -> i64 {
     b.terminate().await;
-    let sql = c.connect(&b.db).await;
+    let sql = common::cluster().connect(&b.db).await;
     common::eventually("the broker's connections to close", Duration::from_secs(10), || async {
         let others: i64 = sql
             .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()", &[])
@@ -469,20 +484,37 @@ async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_se
         others == 0
     })
     .await;
-    let calls = |f: &'static str| {
-        let sql = &sql;
-        async move {
-            let row = sql
-                .query_opt("SELECT calls FROM pg_stat_user_functions WHERE schemaname = 'queen' AND funcname = $1", &[&f])
-                .await
-                .unwrap();
-            row.map_or(0, |r| r.get::<_, i64>(0))
+    let rows = sql.query("SELECT funcname::text, calls FROM pg_stat_user_functions WHERE schemaname = 'queen'", &[]).await.unwrap();
+    let calls: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    move |f| calls.get(f).copied().unwrap_or(0)
+}
+
+/// A claim that can take one partition only (a batch of one, a partition cap
+/// of one) goes to the per-partition list directly: the set-based one would
+/// hand it there anyway, after a read and a copy of every row.
+#[tokio::test]
+async fn a_claim_of_one_partition_skips_the_set_based_pass() {
+    let mut b = hotlist_broker_counting_calls().await;
+    for p in 0..4 {
+        b.push_to("single", &format!("p{p}"), &[json!({"p": p, "k": 0}), json!({"p": p, "k": 1})]).await;
+    }
+    let mut got = Vec::new();
+    for query in ["batch=1", "batch=1", "batch=10&partitions=1", "batch=10&partitions=1"] {
+        let r = b.pop(&format!("/api/v1/pop/queue/single?{query}&consumerGroup=g&autoAck=true")).await;
+        let body = r.body.unwrap_or_else(|| panic!("{query}: a batch"));
+        let messages: Vec<(i64, i64)> =
+            body["messages"].as_array().unwrap().iter().map(|m| (m["data"]["p"].as_i64().unwrap(), m["data"]["k"].as_i64().unwrap())).collect();
+        if query == "batch=1" {
+            assert_eq!(messages.len(), 1, "{query}: {messages:?}");
+        } else {
+            assert!(messages.iter().all(|m| m.0 == messages[0].0), "{query}: one partition, what is left of it: {messages:?}");
         }
-    };
-    assert!(calls("pop_list_v3").await >= 1, "the pops claimed through the ring");
-    assert_eq!(calls("first_contact_v1").await, 1, "one first contact");
-    assert_eq!(calls("register_group_v2").await, 0, "a new group from the beginning needs no general rules");
-    assert_eq!(calls("pop_wildcard_v2").await, 0, "no pop scanned every partition for candidates");
+        got.extend(messages);
+    }
+    assert_eq!(got.iter().collect::<HashSet<_>>().len(), got.len(), "nothing twice: {got:?}");
+    let calls = calls_after_exit(&mut b).await;
+    assert!(calls("pop_list_v2") >= 4, "every claim through the per-partition list");
+    assert_eq!(calls("pop_list_v3"), 0, "no set-based pass");
 }
 
 #[tokio::test]

@@ -58,6 +58,11 @@ macro_rules! claim_sql {
 }
 
 claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+// The per-partition list, for a claim that can take only one partition (a
+// batch of one, a partition cap of one, one candidate): pop_list_v3 would
+// hand all of it to pop_list_v2 anyway, after a candidate read and a copy of
+// every row (about 125 of its 290 µs at batch 1, docs/PERFORMANCE.md, stop 13).
+claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
 claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
 claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
@@ -117,7 +122,9 @@ pub async fn claim_candidates(
         &p.intent_mode,
         &p.intent_from,
     ];
-    Ok(assemble(query(client, LIST_SQL[p.async_commit as usize], &args).await?))
+    let one = p.batch == 1 || p.partitions == 1 || pids.len() == 1;
+    let sql = if one { ONE_SQL } else { LIST_SQL };
+    Ok(assemble(query(client, sql[p.async_commit as usize], &args).await?))
 }
 
 /// A first contact of the pop's group with `queue` (creating the queue if
