@@ -517,6 +517,46 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     assert_eq!(calls("pop_list_v3"), 0, "no set-based pass");
 }
 
+/// Once a claim without a partition cap fills its batch from one partition,
+/// the ring's next claims go to the per-partition list (a drain of deep
+/// partitions), until a claim spans several partitions again.
+#[tokio::test]
+async fn after_a_claim_filled_from_one_partition_the_next_ones_skip_the_set_based_pass() {
+    let mut b = hotlist_broker_counting_calls().await;
+    for p in 0..2 {
+        let payloads: Vec<Value> = (0..30).map(|k| json!({"p": p, "k": k})).collect();
+        b.push_to("deep", &format!("p{p}"), &payloads).await;
+    }
+    let pop = |query: &'static str| {
+        let b = &b;
+        async move {
+            let r = b.pop(&format!("/api/v1/pop/queue/deep?{query}&partitions=0&consumerGroup=g&autoAck=true")).await;
+            let body = r.body.unwrap_or_else(|| panic!("{query}: a batch"));
+            body["messages"].as_array().unwrap().iter().map(|m| (m["data"]["p"].as_i64().unwrap(), m["data"]["k"].as_i64().unwrap())).collect::<Vec<_>>()
+        }
+    };
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let batch = pop("batch=10").await;
+        assert_eq!(batch.len(), 10, "{batch:?}");
+        assert!(batch.iter().all(|m| m.0 == batch[0].0), "one partition fills it: {batch:?}");
+        got.extend(batch);
+    }
+    // Through the per-partition list too, the rest of both partitions in one
+    // claim; that claim spanned two, so the next one is set-based again.
+    let rest = pop("batch=100").await;
+    assert_eq!(rest.len(), 20, "{rest:?}");
+    got.extend(rest);
+    assert_eq!(got.iter().collect::<HashSet<_>>().len(), 60, "every message once");
+    for p in 0..2 {
+        b.push_to("deep", &format!("p{p}"), &[json!({"p": p, "k": 30})]).await;
+    }
+    assert_eq!(pop("batch=100").await.len(), 2);
+    let calls = calls_after_exit(&mut b).await;
+    assert_eq!(calls("pop_list_v3"), 2, "the first claim and the one after the claim over two partitions");
+    assert_eq!(calls("pop_list_v2"), 5, "the first claim (handed over by pop_list_v3), three more, the one over both");
+}
+
 #[tokio::test]
 async fn the_discovery_route_spans_queues_by_label() {
     let b = Broker::start().await;

@@ -59,9 +59,11 @@ macro_rules! claim_sql {
 
 claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 // The per-partition list, for a claim that can take only one partition (a
-// batch of one, a partition cap of one, one candidate): pop_list_v3 would
+// batch of one, a partition cap of one, one candidate) or likely will (the
+// ring's last claim filled its batch from one partition): pop_list_v3 would
 // hand all of it to pop_list_v2 anyway, after a candidate read and a copy of
 // every row (about 125 of its 290 µs at batch 1, docs/PERFORMANCE.md, stop 13).
+// Both answer the same rows (tests/pop.rs compares them); only the cost differs.
 claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
 claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
@@ -104,12 +106,14 @@ pub async fn claim_route(
     Ok(assemble(rows))
 }
 
-/// The hot-list claim: the broker chose the candidates.
+/// The hot-list claim: the broker chose the candidates. `deep`: the first
+/// candidate is expected to fill the batch (`hotlist::Checkout::deep`).
 pub async fn claim_candidates(
     client: &deadpool_postgres::Client,
     pids: &[i64],
     p: &PopParams,
     worker: &str,
+    deep: bool,
 ) -> Result<ClaimResult, tokio_postgres::Error> {
     let args: [&(dyn ToSql + Sync); 9] = [
         &pids,
@@ -122,7 +126,7 @@ pub async fn claim_candidates(
         &p.intent_mode,
         &p.intent_from,
     ];
-    let one = p.batch == 1 || p.partitions == 1 || pids.len() == 1;
+    let one = deep || p.batch == 1 || p.partitions == 1 || pids.len() == 1;
     let sql = if one { ONE_SQL } else { LIST_SQL };
     Ok(assemble(query(client, sql[p.async_commit as usize], &args).await?))
 }

@@ -52,6 +52,9 @@ struct Ring {
     /// Set while the first contact that made this ring registers the group
     /// and reads its first seed (see [`Seeding`]); fired when it is done.
     seeding: Option<Arc<Notify>>,
+    /// The last claim filled its batch from its first partition: the next
+    /// one asks for a single partition's claim (see `Checkout::deep`).
+    deep: bool,
 }
 
 /// `every` scaled by a random factor in [0.75, 1.25).
@@ -169,6 +172,7 @@ impl HotList {
             period: jittered(self.reseed_every),
             refilled: Arc::new(Notify::new()),
             seeding,
+            deep: false,
         }
     }
 
@@ -257,14 +261,14 @@ impl HotList {
 
     /// Takes up to `k` ready candidates out of the ring.
     pub fn checkout(self: &Arc<Self>, queue: &str, group: &str, k: usize) -> Checkout {
-        let taken = self
+        let (taken, deep) = self
             .with_ring(queue, group, |r| {
                 let n = k.min(r.ready.len());
                 let taken: Vec<(i64, Arc<str>)> = r.ready.drain(..n).collect();
                 for (pid, _) in &taken {
                     r.members.insert(*pid, Member::Out { dirty: false });
                 }
-                taken
+                (taken, r.deep)
             })
             .unwrap_or_default();
         Checkout {
@@ -272,6 +276,7 @@ impl HotList {
             queue: queue.to_string(),
             group: group.to_string(),
             candidates: taken,
+            deep,
         }
     }
 
@@ -280,8 +285,17 @@ impl HotList {
     /// each). A verdict puts the candidate back at the tail, or drops it when
     /// it was found empty and nothing was pushed to it meanwhile; `None` puts
     /// it back at the head, so unvisited ones come in reverse order.
-    fn settle_all<'a>(&self, queue: &str, group: &str, candidates: impl Iterator<Item = (i64, &'a Arc<str>, Option<Verdict>)>) {
+    fn settle_all<'a>(
+        &self,
+        queue: &str,
+        group: &str,
+        candidates: impl Iterator<Item = (i64, &'a Arc<str>, Option<Verdict>)>,
+        deep: Option<bool>,
+    ) {
         self.with_ring(queue, group, |r| {
+            if let Some(deep) = deep {
+                r.deep = deep;
+            }
             for (pid, name, verdict) in candidates {
                 let dirty = matches!(r.members.get(&pid), Some(Member::Out { dirty: true }));
                 match verdict {
@@ -421,6 +435,7 @@ pub struct Checkout {
     queue: String,
     group: String,
     candidates: Vec<(i64, Arc<str>)>,
+    deep: bool,
 }
 
 impl Checkout {
@@ -432,13 +447,24 @@ impl Checkout {
         self.candidates.is_empty()
     }
 
+    /// Whether the ring's last claim filled its batch from its first
+    /// partition. A claim that takes a deep partition whole costs less as the
+    /// per-partition list than as the set-based pass, which reads every
+    /// candidate first and then hands it to the per-partition list anyway
+    /// (docs/PERFORMANCE.md, stop 13); drains of deep partitions keep
+    /// claiming that way until a claim spans several partitions again.
+    pub fn deep(&self) -> bool {
+        self.deep
+    }
+
     /// Records the claim's verdicts; candidates without one were not visited
-    /// and go back to the head in their original order.
-    pub fn settle(mut self, verdicts: &HashMap<i64, Verdict>) {
+    /// and go back to the head in their original order. `deep` updates the
+    /// ring's [`Checkout::deep`] (`None` leaves it).
+    pub fn settle(mut self, verdicts: &HashMap<i64, Verdict>, deep: Option<bool>) {
         let candidates = std::mem::take(&mut self.candidates);
         let visited = candidates.iter().filter_map(|(pid, name)| verdicts.get(pid).map(|v| (*pid, name, Some(*v))));
         let unvisited = candidates.iter().rev().filter(|(pid, _)| !verdicts.contains_key(pid)).map(|(pid, name)| (*pid, name, None));
-        self.list.settle_all(&self.queue, &self.group, visited.chain(unvisited));
+        self.list.settle_all(&self.queue, &self.group, visited.chain(unvisited), deep);
     }
 }
 
@@ -446,7 +472,7 @@ impl Drop for Checkout {
     fn drop(&mut self) {
         let candidates = std::mem::take(&mut self.candidates);
         if !candidates.is_empty() {
-            self.list.settle_all(&self.queue, &self.group, candidates.iter().rev().map(|(pid, name)| (*pid, name, None)));
+            self.list.settle_all(&self.queue, &self.group, candidates.iter().rev().map(|(pid, name)| (*pid, name, None)), None);
         }
     }
 }
@@ -460,6 +486,19 @@ mod tests {
         l.create("q", "g");
         l.reseed("q", "g", vec![]);
         l
+    }
+
+    #[test]
+    fn a_ring_is_deep_from_the_settle_that_says_so_until_one_says_otherwise() {
+        let l = list_of(3);
+        let depth = |l: &Arc<HotList>| l.checkout("q", "g", 1).deep();
+        assert!(!depth(&l), "a new ring");
+        l.checkout("q", "g", 1).settle(&HashMap::from([(1, Verdict::Claimed)]), Some(true));
+        assert!(depth(&l), "dropped checkouts leave it");
+        l.checkout("q", "g", 1).settle(&HashMap::new(), None);
+        assert!(depth(&l), "None leaves it");
+        l.checkout("q", "g", 2).settle(&HashMap::from([(1, Verdict::Claimed), (2, Verdict::Claimed)]), Some(false));
+        assert!(!depth(&l));
     }
 
     #[test]
@@ -504,7 +543,7 @@ mod tests {
         let c = l.checkout("q", "g", 3);
         assert_eq!(c.pids(), [1, 2, 3]);
         let verdicts = HashMap::from([(1, Verdict::Claimed), (2, Verdict::Empty)]);
-        c.settle(&verdicts);
+        c.settle(&verdicts, None);
         // 3 was not visited: back at the head; 1 at the tail; 2 gone.
         let c = l.checkout("q", "g", 10);
         assert_eq!(c.pids(), [3, 4, 1]);
@@ -514,7 +553,7 @@ mod tests {
     fn unvisited_candidates_go_back_to_the_head_in_their_order_settled_or_dropped() {
         let l = list_of(6);
         let c = l.checkout("q", "g", 5);
-        c.settle(&HashMap::from([(2, Verdict::Claimed), (4, Verdict::Empty)]));
+        c.settle(&HashMap::from([(2, Verdict::Claimed), (4, Verdict::Empty)]), None);
         let c = l.checkout("q", "g", 10);
         assert_eq!(c.pids(), [1, 3, 5, 6, 2], "1, 3, 5 unvisited at the head; 2 at the tail; 4 gone");
         drop(c); // a pop that went away settles nothing
@@ -534,14 +573,14 @@ mod tests {
         assert_eq!(l.plan("q", "g", false), Plan::NothingReady);
         let back = l.await_return("q", "g").expect("both members are out");
         // Registered before the settle, so the wake is not lost.
-        c.settle(&HashMap::from([(1, Verdict::Claimed)]));
+        c.settle(&HashMap::from([(1, Verdict::Claimed)]), None);
         tokio::time::timeout(Duration::from_secs(1), back).await.expect("the settle wakes the waiter");
         assert_eq!(l.plan("q", "g", false), Plan::Claim { reseed: false });
         // Candidates that leave as empty wake nobody: there is nothing to take.
         let c = l.checkout("q", "g", 10);
         assert_eq!(c.pids(), [2, 1]);
         let back = l.await_return("q", "g").expect("out again");
-        c.settle(&HashMap::from([(1, Verdict::Empty), (2, Verdict::Empty)]));
+        c.settle(&HashMap::from([(1, Verdict::Empty), (2, Verdict::Empty)]), None);
         assert!(tokio::time::timeout(Duration::from_millis(50), back).await.is_err());
         assert!(l.await_return("q", "g").is_none(), "and the ring is empty now");
         // A push that adds a candidate while every member is out wakes it too.
@@ -558,7 +597,7 @@ mod tests {
         l.pushed("q", 7, "p", 1);
         let c = l.checkout("q", "g", 1);
         l.pushed("q", 7, "p", 1);
-        c.settle(&HashMap::from([(7, Verdict::Empty)]));
+        c.settle(&HashMap::from([(7, Verdict::Empty)]), None);
         assert_eq!(l.ready_len("q", "g"), 1);
     }
 
@@ -571,7 +610,7 @@ mod tests {
         l.pushed("q", 1, "p", 1);
         assert_eq!(l.estimate("q", "g"), Some(6));
         let c = l.checkout("q", "g", 1);
-        c.settle(&HashMap::from([(1, Verdict::Claimed)]));
+        c.settle(&HashMap::from([(1, Verdict::Claimed)]), None);
         assert_eq!(l.estimate("q", "g"), None, "a claimed member may hold more than we know");
         l.reseed("q", "g", vec![(9, "r".into())]);
         assert_eq!(l.estimate("q", "g"), None);

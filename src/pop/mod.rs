@@ -345,8 +345,13 @@ impl PopService {
             if checkout.is_empty() {
                 return Ok(ClaimResult::default());
             }
-            let result = claim::claim_candidates(client, &checkout.pids(), p, worker).await?;
-            checkout.settle(&result.verdicts);
+            let result = claim::claim_candidates(client, &checkout.pids(), p, worker, checkout.deep()).await?;
+            let deep = match result.claimed.as_slice() {
+                [] => None,
+                [only] => Some(only.last - only.first + 1 >= i64::from(p.batch)),
+                _ => Some(false),
+            };
+            checkout.settle(&result.verdicts, deep);
             // Candidates that were all empty (consumed elsewhere, or the
             // ring's knowledge was stale) have just left the ring; what is
             // still ready may hold work, so look again before answering empty.
