@@ -494,7 +494,7 @@ mod tests {
         let depth = |l: &Arc<HotList>| l.checkout("q", "g", 1).deep();
         assert!(!depth(&l), "a new ring");
         l.checkout("q", "g", 1).settle(&HashMap::from([(1, Verdict::Claimed)]), Some(true));
-        assert!(depth(&l), "dropped checkouts leave it");
+        assert!(depth(&l), "set by the settle; the checks' own checkouts, dropped, leave it");
         l.checkout("q", "g", 1).settle(&HashMap::new(), None);
         assert!(depth(&l), "None leaves it");
         l.checkout("q", "g", 2).settle(&HashMap::from([(1, Verdict::Claimed), (2, Verdict::Claimed)]), Some(false));
