@@ -432,7 +432,7 @@ async fn a_pop_whose_ring_candidates_were_emptied_behind_its_back_looks_again() 
 /// eight candidate scans of every partition (`pop_wildcard_v2`).
 #[tokio::test]
 async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_seed() {
-    let mut b = hotlist_broker_counting_calls().await;
+    let mut b = common::broker_counting_calls(&[("QUEEN_HOTLIST", "true")]).await;
     let items: Vec<Value> = (0..200).map(|p| json!({"queue": "crowd", "partition": format!("p{p}"), "payload": p})).collect();
     assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
     let mut tasks = Vec::new();
@@ -452,41 +452,11 @@ async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_se
     }
     assert_eq!(got.len(), 32, "four partitions of one message each, eight times");
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), 32, "no message twice");
-    let calls = calls_after_exit(&mut b).await;
+    let calls = common::calls_after_exit(&mut b).await;
     assert!(calls("pop_list_v3") >= 1, "the pops claimed through the ring");
     assert_eq!(calls("first_contact_v1"), 1, "one first contact");
     assert_eq!(calls("register_group_v2"), 0, "a new group from the beginning needs no general rules");
     assert_eq!(calls("pop_wildcard_v2"), 0, "no pop scanned every partition for candidates");
-}
-
-/// A hot-list broker on a fresh database that counts its stored functions'
-/// calls (read them with `calls_after_exit`).
-async fn hotlist_broker_counting_calls() -> Broker {
-    let c = common::cluster();
-    let db = c.create_db().await;
-    c.connect(&db).await.batch_execute(&format!("ALTER DATABASE {db} SET track_functions = 'pl'")).await.unwrap();
-    let env = vec![("QUEEN_DATABASE_URL".to_string(), c.url(&db)), ("QUEEN_HOTLIST".to_string(), "true".to_string())];
-    Broker::spawn(db, env).await
-}
-
-/// Calls of each `queen` function, by name, once the broker is stopped: a
-/// backend flushes its function statistics when it exits, so this waits for
-/// the broker's connections to go.
-async fn calls_after_exit(b: &mut Broker) -> impl Fn(&str) -> i64 {
-    b.terminate().await;
-    let sql = common::cluster().connect(&b.db).await;
-    common::eventually("the broker's connections to close", Duration::from_secs(10), || async {
-        let others: i64 = sql
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()", &[])
-            .await
-            .unwrap()
-            .get(0);
-        others == 0
-    })
-    .await;
-    let rows = sql.query("SELECT funcname::text, calls FROM pg_stat_user_functions WHERE schemaname = 'queen'", &[]).await.unwrap();
-    let calls: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    move |f| calls.get(f).copied().unwrap_or(0)
 }
 
 /// A claim that can take one partition only (a batch of one, a partition cap
@@ -494,7 +464,7 @@ async fn calls_after_exit(b: &mut Broker) -> impl Fn(&str) -> i64 {
 /// hand it there anyway, after a read and a copy of every row.
 #[tokio::test]
 async fn a_claim_of_one_partition_skips_the_set_based_pass() {
-    let mut b = hotlist_broker_counting_calls().await;
+    let mut b = common::broker_counting_calls(&[("QUEEN_HOTLIST", "true")]).await;
     for p in 0..4 {
         b.push_to("single", &format!("p{p}"), &[json!({"p": p, "k": 0}), json!({"p": p, "k": 1})]).await;
     }
@@ -512,7 +482,7 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
         got.extend(messages);
     }
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), got.len(), "nothing twice: {got:?}");
-    let calls = calls_after_exit(&mut b).await;
+    let calls = common::calls_after_exit(&mut b).await;
     assert!(calls("pop_list_v2") >= 4, "every claim through the per-partition list");
     assert_eq!(calls("pop_list_v3"), 0, "no set-based pass");
 }
@@ -522,7 +492,7 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
 /// partitions), until a claim spans several partitions again.
 #[tokio::test]
 async fn after_a_claim_filled_from_one_partition_the_next_ones_skip_the_set_based_pass() {
-    let mut b = hotlist_broker_counting_calls().await;
+    let mut b = common::broker_counting_calls(&[("QUEEN_HOTLIST", "true")]).await;
     for p in 0..2 {
         let payloads: Vec<Value> = (0..30).map(|k| json!({"p": p, "k": k})).collect();
         b.push_to("deep", &format!("p{p}"), &payloads).await;
@@ -552,7 +522,7 @@ async fn after_a_claim_filled_from_one_partition_the_next_ones_skip_the_set_base
         b.push_to("deep", &format!("p{p}"), &[json!({"p": p, "k": 30})]).await;
     }
     assert_eq!(pop("batch=100").await.len(), 2);
-    let calls = calls_after_exit(&mut b).await;
+    let calls = common::calls_after_exit(&mut b).await;
     assert_eq!(calls("pop_list_v3"), 2, "the first claim and the one after the claim over two partitions");
     assert_eq!(calls("pop_list_v2"), 5, "the first claim (handed over by pop_list_v3), three more, the one over both");
 }

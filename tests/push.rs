@@ -567,3 +567,36 @@ async fn unknown_api_routes_answer_json_404() {
     assert_eq!(status, 405);
     assert_eq!(body["error"], "method not allowed");
 }
+
+/// Once the broker knows a queue keeps a dedup window, its segments go to
+/// `push_segment_v1` directly: `push_segment_v2` would look the queue up again
+/// and hand them there. A queue without a window stays on v2 and keeps no
+/// index. What is known outlives the partition's lane (each push here finds
+/// its lane gone).
+#[tokio::test]
+async fn a_queue_known_to_keep_a_window_is_written_without_the_second_lookup() {
+    let mut b = common::broker_counting_calls(&[]).await;
+    let (status, _) = b.post("/api/v1/configure", json!({"queue": "w0", "options": {"dedupWindowSeconds": 0}})).await;
+    assert_eq!(status, 200);
+    for i in 0..4 {
+        for queue in ["dd", "w0"] {
+            let item = json!({"queue": queue, "partition": "p", "payload": i, "transactionId": format!("{queue}-{i}")});
+            assert_eq!(b.post("/api/v1/push", json!({ "items": [item] })).await.0, 201);
+        }
+    }
+    // The same id again: still refused as a duplicate on the direct path.
+    let again = json!({"queue": "dd", "partition": "p", "payload": 9, "transactionId": "dd-2"});
+    let (status, body) = b.post("/api/v1/push", json!({ "items": [again] })).await;
+    assert_eq!((status, body[0]["status"].as_str()), (201, Some("duplicate")), "{body}");
+    let sql = b.sql().await;
+    let entries: i64 = sql
+        .query_one("SELECT count(*) FROM queen.txn_index t JOIN queen.partitions p ON p.id = t.partition_id JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'w0'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(entries, 0, "a queue without a window keeps no index");
+    drop(sql);
+    let calls = common::calls_after_exit(&mut b).await;
+    assert_eq!(calls("push_segment_v2"), 5, "dd's first write (its window not yet known) and w0's four");
+    assert_eq!(calls("push_segment_v1"), 5, "every write to dd, four of them straight");
+}

@@ -36,6 +36,10 @@ const SHARDS: usize = 16;
 const MAX_ATTEMPTS: usize = 8;
 
 pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v2($1, $2, $3, $4)";
+/// The same for a queue known to keep a dedup window: push_segment_v2 only
+/// looks the queue up again and hands such a segment to push_segment_v1 (40 of
+/// its 180-200 µs a call at batch 1, docs/PERFORMANCE.md, stop 13).
+pub(super) const PUSH_WINDOW_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
 
 /// One message of an entry, with where its encoded frame sits (an empty
 /// range in a bare entry, see [`Entry`]). Its transactionId travels as its
@@ -115,9 +119,6 @@ struct LaneState {
     frames: usize,
     bytes: usize,
     flushing: bool,
-    /// The queue's dedup window as last reported by PostgreSQL (None = not yet
-    /// known; treated as "dedup on").
-    window: Option<i32>,
 }
 
 struct Lane {
@@ -131,6 +132,11 @@ type LaneMap = HashMap<(String, String), Arc<Lane>>;
 
 struct Inner {
     shards: Vec<Mutex<LaneMap>>,
+    /// Each queue's dedup window as PostgreSQL last reported it (absent = not
+    /// yet known; treated as "dedup on"). Kept by queue, not by lane: a lane
+    /// goes as soon as its partition is idle, and a window learned once saves
+    /// every later segment of the queue a check (see `append_segment`).
+    windows: Mutex<HashMap<String, i32>>,
     group: GroupCommitter,
     cfg: CoalesceConfig,
     flushers: AtomicUsize,
@@ -148,6 +154,7 @@ impl Coalescer {
         Coalescer {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                windows: Mutex::new(HashMap::new()),
                 group: GroupCommitter::new(pool, cfg.group_writers),
                 cfg,
                 flushers: AtomicUsize::new(0),
@@ -283,7 +290,11 @@ impl Inner {
             let prepacked = batch.first_mut().and_then(|e| e.prepacked.take());
             match self.write(&lane.key, &batch, prepacked, window).await {
                 Ok((outcomes, window)) => {
-                    lane.state.lock().expect("lane lock poisoned").window = Some(window);
+                    let mut windows = self.windows.lock().expect("windows lock poisoned");
+                    if windows.get(&lane.key.0) != Some(&window) {
+                        windows.insert(lane.key.0.clone(), window);
+                    }
+                    drop(windows);
                     for (entry, outcome) in batch.into_iter().zip(outcomes) {
                         let _ = entry.reply.send(Ok(outcome));
                     }
@@ -319,7 +330,9 @@ impl Inner {
         for e in &batch {
             metrics::histogram!(crate::metrics::PUSH_STAGE, "stage" => "lane").record(e.queued.elapsed().as_secs_f64());
         }
-        (batch, st.window)
+        drop(st);
+        let window = self.windows.lock().expect("windows lock poisoned").get(&lane.key.0).copied();
+        (batch, window)
     }
 
     /// Writes one batch as one segment (more round trips only when PostgreSQL
@@ -387,7 +400,7 @@ impl Inner {
                     compress_frames(&frames, self.cfg.zstd_level)
                 }
             };
-            match self.group.write(&key.0, &key.1, hashes, blob).await? {
+            match self.group.write(&key.0, &key.1, hashes, blob, window).await? {
                 SegmentWrite::Written { partition_id, base_offset, window } => {
                     window_seen = window;
                     for (n, &(e, i)) in survivors.iter().enumerate() {
@@ -442,18 +455,23 @@ pub async fn write_segment(
     frames: &[u8],
     zstd_level: i32,
 ) -> Result<SegmentWrite, DbError> {
-    append_segment(client, queue, partition, hashes, &compress_frames(frames, zstd_level)).await
+    append_segment(client, queue, partition, hashes, &compress_frames(frames, zstd_level), None).await
 }
 
-/// Appends one compressed segment with `queen.push_segment_v2`.
+/// Appends one compressed segment with `queen.push_segment_v2`, or straight
+/// with `queen.push_segment_v1` when `window` (the queue's dedup window as
+/// last reported) says the queue keeps one. A stale `window` costs nothing
+/// but time: v1 serves any queue, and v2 hands a queue with a window to v1.
 pub(super) async fn append_segment(
     client: &impl deadpool_postgres::GenericClient,
     queue: &str,
     partition: &str,
     hashes: &[i64],
     blob: &[u8],
+    window: Option<i32>,
 ) -> Result<SegmentWrite, DbError> {
-    let stmt = client.prepare_cached(PUSH_SQL).await?;
+    let sql = if keeps_window(window) { PUSH_WINDOW_SQL } else { PUSH_SQL };
+    let stmt = client.prepare_cached(sql).await?;
     let rows = client.query(&stmt, &[&queue, &partition, &hashes, &blob]).await?;
     let first = rows.first().ok_or_else(|| DbError::Unexpected("push_segment_v2 returned no row".into()))?;
     let window: i32 = first.get("o_window");
@@ -464,6 +482,11 @@ pub(super) async fn append_segment(
     }
     let dups = rows.iter().map(|row| (row.get::<_, i32>("o_dup_index") as usize, original_id(row))).collect();
     Ok(SegmentWrite::Duplicates { partition_id, window, dups })
+}
+
+/// Whether a queue's last reported dedup window says it keeps an index.
+pub(super) fn keeps_window(window: Option<i32>) -> bool {
+    window.is_some_and(|w| w > 0)
 }
 
 /// The message id of frame `index` of a stored segment.

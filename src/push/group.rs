@@ -25,7 +25,7 @@ use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::coalescer::{append_segment, message_id_at, PushError, SegmentWrite};
+use super::coalescer::{append_segment, keeps_window, message_id_at, PushError, SegmentWrite};
 use crate::db::DbError;
 
 /// Most segments one group write carries.
@@ -39,6 +39,9 @@ const MAX_BYTES: usize = 8 << 20;
 const MULTI_MIN: usize = 3;
 
 const GROUP_SQL: &str = "SELECT * FROM queen.push_segments_v2($1, $2, $3, $4, $5, $6, $7)";
+/// For a queue known to keep a dedup window, the function v2 would hand the
+/// call to (see `coalescer::PUSH_WINDOW_SQL`).
+const GROUP_WINDOW_SQL: &str = "SELECT * FROM queen.push_segments_v1($1, $2, $3, $4, $5, $6, $7)";
 
 type Reply = oneshot::Sender<Result<SegmentWrite, Arc<PushError>>>;
 
@@ -48,6 +51,8 @@ struct Job {
     partition: String,
     hashes: Vec<i64>,
     blob: Vec<u8>,
+    /// The queue's dedup window as the lane last saw it (`None`: unknown).
+    window: Option<i32>,
     reply: Reply,
     queued: Instant,
 }
@@ -77,10 +82,19 @@ impl GroupCommitter {
 
     /// Appends one compressed segment to (queue, partition), committed with
     /// whatever else is ready. At most one segment per partition may be in
-    /// flight (the lane guarantees it).
-    pub async fn write(&self, queue: &str, partition: &str, hashes: Vec<i64>, blob: Vec<u8>) -> Result<SegmentWrite, Arc<PushError>> {
+    /// flight (the lane guarantees it). `window`: the queue's dedup window as
+    /// last reported, which picks the function to call.
+    pub async fn write(
+        &self,
+        queue: &str,
+        partition: &str,
+        hashes: Vec<i64>,
+        blob: Vec<u8>,
+        window: Option<i32>,
+    ) -> Result<SegmentWrite, Arc<PushError>> {
         let (reply, rx) = oneshot::channel();
-        let job = Job { queue: queue.to_string(), partition: partition.to_string(), hashes, blob, reply, queued: Instant::now() };
+        let job =
+            Job { queue: queue.to_string(), partition: partition.to_string(), hashes, blob, window, reply, queued: Instant::now() };
         {
             let mut st = self.inner.state.lock().expect("group lock poisoned");
             st.pending.push(job);
@@ -198,8 +212,9 @@ async fn write_in_transaction(
 ) -> Result<Vec<Vec<SegmentWrite>>, DbError> {
     // Statements are prepared (cached) first, so that each call below sends
     // its query on first poll, in order, between BEGIN and COMMIT.
-    client.prepare_cached(GROUP_SQL).await?;
-    client.prepare_cached(super::coalescer::PUSH_SQL).await?;
+    for sql in [GROUP_SQL, GROUP_WINDOW_SQL, super::coalescer::PUSH_SQL, super::coalescer::PUSH_WINDOW_SQL] {
+        client.prepare_cached(sql).await?;
+    }
     let begin = client.batch_execute("BEGIN");
     let writes = futures_util::future::join_all(calls.iter().map(|members| call(client, jobs, members)));
     let commit = client.batch_execute("COMMIT");
@@ -216,7 +231,7 @@ async fn write_in_transaction(
 async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> Result<Vec<SegmentWrite>, DbError> {
     if let [j] = members {
         let job = &jobs[*j];
-        return Ok(vec![append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob).await?]);
+        return Ok(vec![append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob, job.window).await?]);
     }
     let queue = &jobs[members[0]].queue;
     let partitions: Vec<&str> = members.iter().map(|&j| jobs[j].partition.as_str()).collect();
@@ -231,7 +246,8 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
             hashes.push(h);
         }
     }
-    let stmt = client.prepare_cached(GROUP_SQL).await?;
+    let sql = if members.iter().all(|&j| keeps_window(jobs[j].window)) { GROUP_WINDOW_SQL } else { GROUP_SQL };
+    let stmt = client.prepare_cached(sql).await?;
     let rows = client.query(&stmt, &[queue, &partitions, &counts, &blobs, &seg, &pos, &hashes]).await?;
     let mut out: Vec<Option<SegmentWrite>> = members.iter().map(|_| None).collect();
     for row in &rows {

@@ -268,6 +268,37 @@ where
     }
 }
 
+/// A broker (with `env` on top of the defaults) on a fresh database that
+/// counts its stored functions' calls; read them with `calls_after_exit`.
+pub async fn broker_counting_calls(env: &[(&str, &str)]) -> Broker {
+    let c = cluster();
+    let db = c.create_db().await;
+    c.connect(&db).await.batch_execute(&format!("ALTER DATABASE {db} SET track_functions = 'pl'")).await.unwrap();
+    let mut vars = vec![("QUEEN_DATABASE_URL".to_string(), c.url(&db))];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Broker::spawn(db, vars).await
+}
+
+/// Calls of each `queen` function, by name, once the broker is stopped: a
+/// backend flushes its function statistics when it exits, so this waits for
+/// the broker's connections to go.
+pub async fn calls_after_exit(b: &mut Broker) -> impl Fn(&str) -> i64 {
+    b.terminate().await;
+    let sql = cluster().connect(&b.db).await;
+    eventually("the broker's connections to close", Duration::from_secs(10), || async {
+        let others: i64 = sql
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        others == 0
+    })
+    .await;
+    let rows = sql.query("SELECT funcname::text, calls FROM pg_stat_user_functions WHERE schemaname = 'queen'", &[]).await.unwrap();
+    let calls: std::collections::HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    move |f| calls.get(f).copied().unwrap_or(0)
+}
+
 /// Every frame stored for (queue, partition), in offset order: (offset, frame
 /// fields) decoded from the segments as the broker wrote them.
 pub async fn stored_messages(sql: &tokio_postgres::Client, queue: &str, partition: &str) -> Vec<StoredMessage> {
