@@ -127,6 +127,10 @@ struct Lane {
     full: Notify,
 }
 
+/// Most queues whose dedup window is remembered: short-lived queues (a fresh
+/// name per job) would otherwise grow the map for the broker's whole life.
+const KNOWN_WINDOWS: usize = 10_000;
+
 /// One shard of the lanes, by (queue, partition).
 type LaneMap = HashMap<(String, String), Arc<Lane>>;
 
@@ -292,6 +296,9 @@ impl Inner {
                 Ok((outcomes, window)) => {
                     let mut windows = self.windows.lock().expect("windows lock poisoned");
                     if windows.get(&lane.key.0) != Some(&window) {
+                        if windows.len() >= KNOWN_WINDOWS {
+                            windows.clear(); // a hint: relearned one write per queue
+                        }
                         windows.insert(lane.key.0.clone(), window);
                     }
                     drop(windows);
