@@ -480,7 +480,7 @@ pub(super) async fn append_segment(
     let sql = if keeps_window(window) { PUSH_WINDOW_SQL } else { PUSH_SQL };
     let stmt = client.prepare_cached(sql).await?;
     let rows = client.query(&stmt, &[&queue, &partition, &hashes, &blob]).await?;
-    let first = rows.first().ok_or_else(|| DbError::Unexpected("push_segment_v2 returned no row".into()))?;
+    let first = rows.first().ok_or_else(|| DbError::Unexpected("the segment write returned no row".into()))?;
     let window: i32 = first.get("o_window");
     let partition_id: i64 = first.get("o_partition_id");
     if first.get::<_, Option<i32>>("o_dup_index").is_none() {
