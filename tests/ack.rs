@@ -621,3 +621,37 @@ async fn without_index_or_registry_an_ack_resolves_within_a_thousand_offsets_of_
     assert_eq!(outcome(&r[2]), (true, None), "t1499: a lease-less ack past the cursor");
     assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await.0, 1499);
 }
+
+/// A plain ack batch names each group's queue: from the ack registry when
+/// the pop was this broker's, from the partition row otherwise (migration
+/// 0018). Both count the acks under the right queue and release the leases.
+#[tokio::test]
+async fn a_plain_ack_batch_names_each_queue_with_or_without_the_registry() {
+    for registry_mb in [None, Some("0")] {
+        let b = match registry_mb {
+            None => Broker::start().await,
+            Some(mb) => Broker::start_with(&[("QUEEN_ACK_REGISTRY_MB", mb)]).await,
+        };
+        let mut items = Vec::new();
+        for (queue, n) in [("qa", 2), ("qb", 3)] {
+            let payloads: Vec<Value> = (0..n).map(|i| json!({"queue": queue, "partition": "p", "payload": i, "transactionId": format!("{queue}-{i}")})).collect();
+            assert_eq!(b.post("/api/v1/push", json!({ "items": payloads })).await.0, 201);
+            let body = b.pop(&format!("/api/v1/pop/queue/{queue}?batch=10")).await.body.expect("a batch");
+            let lease = body["leaseId"].as_str().unwrap().to_string();
+            for m in body["messages"].as_array().unwrap() {
+                items.push((m["transactionId"].as_str().unwrap().to_string(), m["partitionId"].as_str().unwrap().to_string(), lease.clone()));
+            }
+        }
+        let acks: Vec<(&str, &str, &str, Option<&str>)> =
+            items.iter().map(|(t, p, l)| (t.as_str(), p.as_str(), "completed", Some(l.as_str()))).collect();
+        let r = b.ack_batch(None, &acks).await;
+        assert!(r.iter().all(|x| outcome(x) == (true, None) && x["leaseReleased"] == true), "{registry_mb:?}: {r:?}");
+        assert_eq!(ack_groups_by_path(&b).await, (2.0, 0.0), "{registry_mb:?}: both groups in bulk");
+        let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
+        let acked = |queue: &str| {
+            let prefix = format!("queen_ack_messages_total{{queue=\"{queue}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse::<f64>().ok()))
+        };
+        assert_eq!((acked("qa"), acked("qb")), (Some(2.0), Some(3.0)), "{registry_mb:?}:\n{text}");
+    }
+}

@@ -6,7 +6,7 @@
 //! (partition, lease), and each group is applied by one call to `queen.ack_v1`,
 //! where the lease check, implicit acks, clamping, the retry budget and the
 //! DLQ live; only the plain groups (a live lease, every item completed) are
-//! applied together by `queen.ack_completed_many_v1`, which implements that
+//! applied together by `queen.ack_completed_many_v2`, which implements that
 //! one case of the rules.
 //! The broker's part beyond resolution is the DLQ snapshot: only it can
 //! decode the head message out of its segment.
@@ -113,7 +113,7 @@ const DEADLOCK_ATTEMPTS: u32 = 3;
 /// Plain groups go here even one at a time: ack_v1 walks its items in
 /// PL/pgSQL and answers a row each (1.26 ms of PostgreSQL for one partition's
 /// 500 acks, docs/PERFORMANCE.md, stop 13), where this is one update per group.
-const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v1($1, $2, $3, $4, $5)";
+const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v2($1, $2, $3, $4, $5, $6)";
 const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
@@ -127,6 +127,8 @@ struct AckGroup {
     /// Indexes into the request's items, in request order.
     idxs: Vec<usize>,
     offsets: Vec<Option<i64>>,
+    /// The queue, when the ack registry knew the batch.
+    queue: Option<String>,
 }
 
 /// The head message of a dead-lettering ack, decoded from its segment.
@@ -212,8 +214,8 @@ impl AckService {
         groups.sort_by_key(|((pid, _, _), _)| *pid);
         let mut resolved = Vec::with_capacity(groups.len());
         for ((pid, group, lease), idxs) in groups {
-            let offsets = self.resolve(client, pid, &group, &lease, &idxs, items).await?;
-            resolved.push(AckGroup { pid, group, lease, idxs, offsets });
+            let (offsets, queue) = self.resolve(client, pid, &group, &lease, &idxs, items).await?;
+            resolved.push(AckGroup { pid, group, lease, idxs, offsets, queue });
         }
         // Plain groups commit in one statement; every other group (and a
         // plain one it did not apply) goes through ack_v1, all at once:
@@ -281,9 +283,12 @@ impl AckService {
 
     /// The plain groups (a lease, every item completed and resolved) of a
     /// batch, applied by one
-    /// `queen.ack_completed_many_v1` call per consumer group: by index into
+    /// `queen.ack_completed_many_v2` call per consumer group: by index into
     /// `groups`, whether the lease was released and the queue. Groups the
-    /// call leaves out were not touched (ack_v1 answers them).
+    /// call leaves out were not touched (ack_v1 answers them). `groups` is
+    /// in partition order and so are the call's arrays: the call locks the
+    /// cursor rows in the order it is given them (migration 0018). The queue
+    /// names the registry knew spare the call a lookup per group.
     async fn apply_plain(
         &self,
         client: &impl deadpool_postgres::GenericClient,
@@ -308,12 +313,13 @@ impl AckService {
                 (offsets.clone().min().copied().unwrap_or(-1), offsets.max().copied().unwrap_or(-1))
             };
             let (lows, highs): (Vec<i64>, Vec<i64>) = ks.iter().map(|&k| span(k)).unzip();
+            let queues: Vec<Option<&str>> = ks.iter().map(|&k| groups[k].queue.as_deref()).collect();
             let stmt = client.prepare_cached(PLAIN_SQL).await?;
-            for row in client.query(&stmt, &[&group, &pids, &leases, &lows, &highs]).await? {
+            for row in client.query(&stmt, &[&group, &pids, &leases, &lows, &highs, &queues]).await? {
                 let ord = row.get::<_, i32>(0) as usize;
                 let k = *ks
                     .get(ord.wrapping_sub(1))
-                    .ok_or_else(|| DbError::Unexpected("ack_completed_many_v1 named a group it was not given".into()))?;
+                    .ok_or_else(|| DbError::Unexpected("ack_completed_many_v2 named a group it was not given".into()))?;
                 done.insert(k, (row.get(1), row.get(2)));
             }
         }
@@ -359,8 +365,9 @@ impl AckService {
         lease: &str,
         idxs: &[usize],
         items: &[AckItem],
-    ) -> Result<Vec<Option<i64>>, DbError> {
-        let mut offsets = self.registry.resolve_many(lease, pid, idxs.iter().map(|&i| items[i].transaction_id.as_str()));
+    ) -> Result<(Vec<Option<i64>>, Option<String>), DbError> {
+        let registry::Known { mut offsets, queue } =
+            self.registry.resolve_many(lease, pid, idxs.iter().map(|&i| items[i].transaction_id.as_str()));
         let missing: Vec<i64> =
             idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| txn_hash(&items[i].transaction_id)).collect();
         if !missing.is_empty() {
@@ -382,7 +389,7 @@ impl AckService {
                 }
             }
         }
-        Ok(offsets)
+        Ok((offsets, queue))
     }
 
     /// Offsets of `txns` among the segments around `group`'s cursor on `pid`

@@ -1,7 +1,8 @@
 //! The ack registry: what a leased pop handed out, so that an ack can resolve
 //! a transactionId to its offset without asking PostgreSQL.
 //!
-//! Keyed by leaseId, then partition: the batch's transactionIds and offsets.
+//! Keyed by leaseId, then partition: the batch's transactionIds and offsets,
+//! and its queue's name (so that a plain ack needs no lookup to name it).
 //! Bounded in memory (oldest batches are forgotten first); a miss is never an
 //! error, because the transaction index in PostgreSQL is the fallback (an ack
 //! arriving at another broker, or after a restart, still resolves).
@@ -11,7 +12,17 @@ use std::sync::Mutex;
 
 struct Batch {
     offsets: HashMap<String, i64>,
+    queue: String,
     bytes: usize,
+}
+
+/// What the registry knows of one (lease, partition) batch for an ack group.
+#[derive(Debug, PartialEq)]
+pub struct Known {
+    /// Per transactionId asked about, its offset if the batch holds it.
+    pub offsets: Vec<Option<i64>>,
+    /// The batch's queue, when the batch is known.
+    pub queue: Option<String>,
 }
 
 /// `order` lists batches oldest first for eviction. A batch released by its
@@ -45,12 +56,12 @@ impl AckRegistry {
         AckRegistry { inner: Mutex::new(Inner::default()), cap_bytes }
     }
 
-    /// Records a leased batch of partition `pid`.
-    pub fn record(&self, lease: &str, pid: i64, entries: Vec<(String, i64)>) {
+    /// Records a leased batch of partition `pid` in `queue`.
+    pub fn record(&self, lease: &str, pid: i64, queue: &str, entries: Vec<(String, i64)>) {
         if lease.is_empty() || entries.is_empty() {
             return;
         }
-        let bytes: usize = entries.iter().map(|(t, _)| t.len() + ENTRY_OVERHEAD).sum();
+        let bytes: usize = queue.len() + entries.iter().map(|(t, _)| t.len() + ENTRY_OVERHEAD).sum::<usize>();
         let mut inner = self.inner.lock().expect("registry lock poisoned");
         while inner.bytes + bytes > self.cap_bytes {
             let Some((l, p)) = inner.order.pop_front() else { break };
@@ -62,23 +73,26 @@ impl AckRegistry {
         inner.forget(lease, pid);
         inner.bytes += bytes;
         inner.live += 1;
-        inner.leases.entry(lease.to_string()).or_default().insert(pid, Batch { offsets: entries.into_iter().collect(), bytes });
+        inner.leases.entry(lease.to_string()).or_default().insert(pid, Batch { offsets: entries.into_iter().collect(), queue: queue.to_string(), bytes });
         inner.order.push_back((lease.to_string(), pid));
         inner.sweep();
     }
 
     /// The offset of `txn` in the batch `lease` holds on `pid`, if known.
     pub fn resolve(&self, lease: &str, pid: i64, txn: &str) -> Option<i64> {
-        self.resolve_many(lease, pid, std::iter::once(txn))[0]
+        self.resolve_many(lease, pid, std::iter::once(txn)).offsets[0]
     }
 
     /// [`AckRegistry::resolve`] for many transactionIds of one (lease,
     /// partition): one lock and one batch lookup for a whole ack group.
-    pub fn resolve_many<'a>(&self, lease: &str, pid: i64, txns: impl Iterator<Item = &'a str>) -> Vec<Option<i64>> {
+    pub fn resolve_many<'a>(&self, lease: &str, pid: i64, txns: impl Iterator<Item = &'a str>) -> Known {
         let inner = self.inner.lock().expect("registry lock poisoned");
         match inner.leases.get(lease).and_then(|parts| parts.get(&pid)) {
-            Some(batch) => txns.map(|t| batch.offsets.get(t).copied()).collect(),
-            None => txns.map(|_| None).collect(),
+            Some(batch) => Known {
+                offsets: txns.map(|t| batch.offsets.get(t).copied()).collect(),
+                queue: Some(batch.queue.clone()),
+            },
+            None => Known { offsets: txns.map(|_| None).collect(), queue: None },
         }
     }
 
@@ -130,11 +144,14 @@ mod tests {
     #[test]
     fn a_recorded_batch_resolves_until_released() {
         let r = AckRegistry::new(1 << 20);
-        r.record("L", 7, vec![("a".into(), 10), ("b".into(), 11)]);
+        r.record("L", 7, "q", vec![("a".into(), 10), ("b".into(), 11)]);
         assert_eq!(r.resolve("L", 7, "b"), Some(11));
         assert_eq!(r.resolve("L", 8, "b"), None);
-        assert_eq!(r.resolve_many("L", 7, ["b", "x", "a"].into_iter()), vec![Some(11), None, Some(10)]);
-        assert_eq!(r.resolve_many("M", 7, ["a"].into_iter()), vec![None]);
+        assert_eq!(
+            r.resolve_many("L", 7, ["b", "x", "a"].into_iter()),
+            Known { offsets: vec![Some(11), None, Some(10)], queue: Some("q".into()) }
+        );
+        assert_eq!(r.resolve_many("M", 7, ["a"].into_iter()), Known { offsets: vec![None], queue: None });
         assert_eq!(r.partitions_of("L"), Some(vec![7]));
         r.release("L", 7);
         assert_eq!(r.resolve("L", 7, "a"), None);
@@ -145,10 +162,10 @@ mod tests {
     #[test]
     fn released_batches_do_not_pile_up_in_the_eviction_order() {
         let r = AckRegistry::new(1 << 30);
-        r.record("held", 1, vec![("h".into(), 0)]);
+        r.record("held", 1, "", vec![("h".into(), 0)]);
         for i in 0..10_000 {
             let lease = format!("L{i}");
-            r.record(&lease, 2, vec![("a".into(), i)]);
+            r.record(&lease, 2, "", vec![("a".into(), i)]);
             r.release(&lease, 2);
         }
         let inner = r.inner.lock().unwrap();
@@ -158,14 +175,14 @@ mod tests {
         assert_eq!(r.resolve("held", 1, "h"), Some(0), "the live batch survives every sweep");
         // Past the cap the oldest live batch still goes first.
         let small = AckRegistry::new(2 * (ENTRY_OVERHEAD + 1));
-        small.record("A", 1, vec![("a".into(), 0)]);
+        small.record("A", 1, "", vec![("a".into(), 0)]);
         for i in 0..100 {
             let lease = format!("T{i}");
-            small.record(&lease, 1, vec![("t".into(), i)]);
+            small.record(&lease, 1, "", vec![("t".into(), i)]);
             small.release(&lease, 1);
         }
-        small.record("B", 1, vec![("b".into(), 1)]);
-        small.record("C", 1, vec![("c".into(), 2)]);
+        small.record("B", 1, "", vec![("b".into(), 1)]);
+        small.record("C", 1, "", vec![("c".into(), 2)]);
         assert_eq!(small.resolve("A", 1, "a"), None, "A was the oldest");
         assert_eq!((small.resolve("B", 1, "b"), small.resolve("C", 1, "c")), (Some(1), Some(2)));
     }
@@ -173,8 +190,8 @@ mod tests {
     #[test]
     fn the_oldest_batches_are_forgotten_past_the_cap() {
         let r = AckRegistry::new(3 * (ENTRY_OVERHEAD + 1));
-        r.record("L1", 1, vec![("a".into(), 0), ("b".into(), 1)]);
-        r.record("L2", 1, vec![("c".into(), 2), ("d".into(), 3)]);
+        r.record("L1", 1, "", vec![("a".into(), 0), ("b".into(), 1)]);
+        r.record("L2", 1, "", vec![("c".into(), 2), ("d".into(), 3)]);
         assert_eq!(r.resolve("L1", 1, "a"), None, "evicted");
         assert_eq!(r.resolve("L2", 1, "d"), Some(3));
         assert!(r.bytes() <= 3 * (ENTRY_OVERHEAD + 1));

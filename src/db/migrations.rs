@@ -43,6 +43,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(15, "0015_retention_takes_index_entries.sql"),
     migration!(16, "0016_first_contact_seed.sql"),
     migration!(17, "0017_generic_plans.sql"),
+    migration!(18, "0018_one_pass_claim_lean_ack.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -57,12 +57,13 @@ macro_rules! claim_sql {
     };
 }
 
-claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_v3($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_v4($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 // The per-partition list, for a claim that can take only one partition (a
 // batch of one, a partition cap of one, one candidate) or likely will (the
 // ring's last claim filled its batch from one partition): pop_list_v3 would
 // hand all of it to pop_list_v2 anyway, after a candidate read and a copy of
-// every row (about 125 of its 290 µs at batch 1, docs/PERFORMANCE.md, stop 13).
+// every row (about 125 of its 290 µs at batch 1, docs/PERFORMANCE.md, stop 13),
+// and pop_list_v4 would lock every candidate's cursor row to claim one.
 // Both answer the same rows (tests/pop.rs compares them); only the cost differs.
 claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");

@@ -200,8 +200,8 @@ impl PopService {
                     return Ok(Some((body, true)));
                 }
             } else if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p)? {
-                for (pid, batch) in rendered.batches {
-                    self.registry.record(&lease_id, pid, batch);
+                for (pid, queue, batch) in rendered.batches {
+                    self.registry.record(&lease_id, pid, queue, batch);
                 }
                 self.count_delivery(&result);
                 return Ok(Some((rendered.body, false)));

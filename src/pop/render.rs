@@ -57,19 +57,19 @@ fn uuid_text(out: &mut Vec<u8>, id: &uuid::Uuid) {
 }
 
 /// A rendered answer, with what a leased pop hands the ack registry: per
-/// partition, the delivered transactionIds and their offsets.
-pub struct Rendered {
+/// partition, its queue and the delivered transactionIds with their offsets.
+pub struct Rendered<'a> {
     pub body: Vec<u8>,
-    pub batches: Vec<(i64, Vec<(String, i64)>)>,
+    pub batches: Vec<(i64, &'a str, Vec<(String, i64)>)>,
 }
 
 /// Renders the 200 body; `None` when nothing was delivered.
-pub fn render(
-    claimed: &[ClaimedPartition],
+pub fn render<'a>(
+    claimed: &'a [ClaimedPartition],
     top_queue: &str,
     lease_id: &str,
     p: &PopParams,
-) -> Result<Option<Rendered>, CorruptSegment> {
+) -> Result<Option<Rendered<'a>>, CorruptSegment> {
     let Some(first) = claimed.first() else { return Ok(None) };
     let mut batches = Vec::new();
     let mut out = Vec::with_capacity(1024);
@@ -135,7 +135,7 @@ pub fn render(
             }
         }
         if !batch.is_empty() {
-            batches.push((c.partition_id, batch));
+            batches.push((c.partition_id, c.queue.as_str(), batch));
         }
     }
     write!(out, "],\"partitionsClaimed\":{}", claimed.len()).expect("vec write");
