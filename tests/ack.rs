@@ -655,3 +655,53 @@ async fn a_plain_ack_batch_names_each_queue_with_or_without_the_registry() {
         assert_eq!((acked("qa"), acked("qb")), (Some(2.0), Some(3.0)), "{registry_mb:?}:\n{text}");
     }
 }
+
+/// The same ack batch sent twice at once, its items in opposite partition
+/// orders (a client retrying while the first try is in flight). The cursor
+/// rows are locked in partition order whatever the request's order (and a
+/// deadlock, should a plan ever lock otherwise, is retried), so the second
+/// waits for the first, then finds its acks below the cursor: every item
+/// answers success, and each cursor moves and counts its messages once.
+#[tokio::test]
+async fn the_same_batch_acked_twice_at_once_in_opposite_orders_succeeds_once() {
+    let b = Broker::start().await;
+    let parts = ["a", "b", "c", "d"];
+    for round in 0..10 {
+        for p in parts {
+            b.push_to("twice", p, &[json!({"round": round, "p": p}), json!({"round": round, "p": p, "k": 1})]).await;
+        }
+        let mut items: Vec<Value> = Vec::new();
+        for p in parts {
+            let body = b.pop(&format!("/api/v1/pop/queue/twice/partition/{p}?batch=2")).await.body.expect("a batch");
+            for m in body["messages"].as_array().unwrap() {
+                items.push(json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "status": "completed", "error": null, "leaseId": body["leaseId"]}));
+            }
+        }
+        let reversed: Vec<Value> = items.iter().rev().cloned().collect();
+        let ((s1, r1), (s2, r2)) = tokio::join!(
+            b.post("/api/v1/ack/batch", json!({"acknowledgments": items, "consumerGroup": null})),
+            b.post("/api/v1/ack/batch", json!({"acknowledgments": reversed, "consumerGroup": null})),
+        );
+        assert_eq!((s1, s2), (200, 200), "round {round}: {r1} {r2}");
+        for r in [&r1, &r2] {
+            assert!(r.as_array().unwrap().iter().all(|x| x["success"] == true), "round {round}: {r}");
+        }
+        for p in parts {
+            let row = b
+                .sql()
+                .await
+                .query_one(
+                    "SELECT c.committed, c.worker_id, c.total_consumed FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id WHERE p.name = $1",
+                    &[&p],
+                )
+                .await
+                .unwrap();
+            let expected = (2 * round + 1) as i64;
+            assert_eq!(
+                (row.get::<_, i64>(0), row.get::<_, Option<String>>(1), row.get::<_, i64>(2)),
+                (expected, None, expected + 1),
+                "round {round}, partition {p}: committed, lease, consumed once"
+            );
+        }
+    }
+}
