@@ -200,8 +200,8 @@ impl PopService {
                     return Ok(Some((body, true)));
                 }
             } else if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p)? {
-                for (pid, queue, batch) in rendered.batches {
-                    self.registry.record(&lease_id, pid, queue, batch);
+                for b in rendered.batches {
+                    self.registry.record(&lease_id, b.partition_id, b.queue, b.entries);
                 }
                 self.count_delivery(&result);
                 return Ok(Some((rendered.body, false)));

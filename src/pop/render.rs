@@ -56,11 +56,18 @@ fn uuid_text(out: &mut Vec<u8>, id: &uuid::Uuid) {
     out.extend_from_slice(id.hyphenated().encode_lower(&mut uuid::Uuid::encode_buffer()).as_bytes());
 }
 
-/// A rendered answer, with what a leased pop hands the ack registry: per
-/// partition, its queue and the delivered transactionIds with their offsets.
+/// A rendered answer, with what a leased pop hands the ack registry.
 pub struct Rendered<'a> {
     pub body: Vec<u8>,
-    pub batches: Vec<(i64, &'a str, Vec<(String, i64)>)>,
+    pub batches: Vec<LeasedBatch<'a>>,
+}
+
+/// One partition's part of a leased answer: its queue and the delivered
+/// transactionIds with their offsets.
+pub struct LeasedBatch<'a> {
+    pub partition_id: i64,
+    pub queue: &'a str,
+    pub entries: Vec<(String, i64)>,
 }
 
 /// Renders the 200 body; `None` when nothing was delivered.
@@ -135,7 +142,7 @@ pub fn render<'a>(
             }
         }
         if !batch.is_empty() {
-            batches.push((c.partition_id, c.queue.as_str(), batch));
+            batches.push(LeasedBatch { partition_id: c.partition_id, queue: &c.queue, entries: batch });
         }
     }
     write!(out, "],\"partitionsClaimed\":{}", claimed.len()).expect("vec write");
