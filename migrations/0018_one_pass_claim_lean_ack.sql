@@ -19,8 +19,11 @@
 --     the other rows until its commit; the broker sends such claims to
 --     pop_list_v2 (a ring whose last claim came from one partition, see
 --     pop::hotlist), so this is the rare first claim of a deep queue;
---   * the update finds the rows it locked by ctid, not by a second index
---     descent (a locked row cannot move before the update);
+--   * the update finds its rows by key, as in v3, not by the ctid the lock
+--     returned: a row updated and committed after the statement's snapshot
+--     is locked in its new version, which a ctid scan under that snapshot
+--     cannot see, so the lease would silently not be written (the key's
+--     scan finds the old version and follows it to the new one);
 --   * the head segment's row, found to check that the next offset is there,
 --     is the first segment delivered: the segments after it are read only
 --     for a claim that goes past it (one index probe less per partition);
@@ -62,12 +65,12 @@ BEGIN
     -- 1. Lock, check, plan, lease and read in one statement (one snapshot).
     FOR r IN
         WITH locked AS (
-            SELECT c.partition_id AS pid, c.ctid AS tid, c.committed, c.worker_id, c.lease_expires_at
+            SELECT c.partition_id AS pid, c.committed, c.worker_id, c.lease_expires_at
             FROM queen.consumers c
             WHERE c.partition_id = ANY (v_try) AND c.consumer_group = p_group
             FOR UPDATE SKIP LOCKED
         ), headed AS (
-            SELECT u.pid, l.tid, u.ord, l.committed + 1 AS first, p.last_offset, p.name AS pname, q.name AS qname,
+            SELECT u.pid, u.ord, l.committed + 1 AS first, p.last_offset, p.name AS pname, q.name AS qname,
                    COALESCE(NULLIF(GREATEST(p_lease_seconds, 0), 0), q.lease_time, 60) AS lease,
                    h.base_offset AS head_base, h.end_offset AS head_end, h.created_at AS head_at,
                    h.blob AS head_blob, h.msg_count AS head_count
@@ -105,7 +108,7 @@ BEGIN
                                          THEN c.attempt_count + 1 ELSE 1 END,
                 attempt_offset    = CASE WHEN p_auto_ack THEN c.attempt_offset ELSE pl.first END
             FROM plan pl
-            WHERE c.ctid = pl.tid
+            WHERE c.partition_id = pl.pid AND c.consumer_group = p_group
             RETURNING c.partition_id AS pid, CASE WHEN p_auto_ack THEN 1 ELSE c.attempt_count END AS attempt
         )
         SELECT o.partition_id, o.partition, o.queue, o.kind, o.base_offset, o.start_idx, o.take,
