@@ -820,12 +820,12 @@ async fn functions_called(b: &Broker, function: &str, pids: &[i64], budget: i32)
 
 /// `pop_list_v3` and `pop_list_v4` claim the plain candidates in one
 /// statement; each must answer what `pop_list_v2` (one partition at a time)
-/// answers, rows and
-/// cursor rows alike: a budget shared across partitions (cut inside one),
-/// the partition cap, auto-ack, a cursor inside a segment, a partition of two
-/// segments, a leased partition ('busy'), one locked by another transaction
-/// ('busy' said by the set-based pass), a partition without a cursor row and
-/// a gated queue (both handed on to the per-partition path).
+/// answers, rows and cursor rows alike: a budget shared across partitions
+/// (cut inside one), the partition cap, auto-ack, a cursor inside a segment,
+/// a partition of two segments, a leased partition ('busy'), one locked by
+/// another transaction ('busy' said by the set-based pass), a partition
+/// without a cursor row and a gated queue (both handed on to the
+/// per-partition path).
 #[tokio::test]
 async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     let b = Broker::start().await;
