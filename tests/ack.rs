@@ -560,11 +560,8 @@ async fn a_batch_over_several_partitions_answers_every_group_by_the_full_rules()
 
 /// Ack groups applied so far (bulk, one by one), from the broker's metrics.
 async fn ack_groups_by_path(b: &Broker) -> (f64, f64) {
-    let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
-    let groups = |path: &str| -> f64 {
-        let prefix = format!("queen_ack_groups_total{{path=\"{path}\"}} ");
-        text.lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
-    };
+    let text = b.prometheus().await;
+    let groups = |path: &str| common::sample(&text, &format!("queen_ack_groups_total{{path=\"{path}\"}}")).unwrap_or(0.0);
     (groups("bulk"), groups("each"))
 }
 
@@ -647,11 +644,8 @@ async fn a_plain_ack_batch_names_each_queue_with_or_without_the_registry() {
         let r = b.ack_batch(None, &acks).await;
         assert!(r.iter().all(|x| outcome(x) == (true, None) && x["leaseReleased"] == true), "{registry_mb:?}: {r:?}");
         assert_eq!(ack_groups_by_path(&b).await, (2.0, 0.0), "{registry_mb:?}: both groups in bulk");
-        let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
-        let acked = |queue: &str| {
-            let prefix = format!("queen_ack_messages_total{{queue=\"{queue}\"}} ");
-            text.lines().find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.trim().parse::<f64>().ok()))
-        };
+        let text = b.prometheus().await;
+        let acked = |queue: &str| common::sample(&text, &format!("queen_ack_messages_total{{queue=\"{queue}\"}}"));
         assert_eq!((acked("qa"), acked("qb")), (Some(2.0), Some(3.0)), "{registry_mb:?}:\n{text}");
     }
 }

@@ -353,11 +353,9 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
     }
     assert_eq!(total, PUSHERS * EACH, "every push stored once");
     let segments: i64 = sql.query_one("SELECT count(*) FROM queen.segments", &[]).await.unwrap().get(0);
-    let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
-    let metric = |name: &str| -> f64 {
-        text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
-    };
-    let (grouped, groups) = (metric("queen_push_group_segments_sum "), metric("queen_push_group_segments_count "));
+    let text = b.prometheus().await;
+    let metric = |name: &str| common::sample(&text, name).unwrap_or(0.0);
+    let (grouped, groups) = (metric("queen_push_group_segments_sum"), metric("queen_push_group_segments_count"));
     assert_eq!(grouped as i64, segments, "every segment went through a group commit");
     assert!(groups < grouped, "{groups} group commits for {grouped} segments: no group carried two");
 }

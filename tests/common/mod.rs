@@ -168,6 +168,11 @@ impl Broker {
         self.url = url;
     }
 
+    /// The broker's `/metrics/prometheus` text.
+    pub async fn prometheus(&self) -> String {
+        self.http.get(format!("{}/metrics/prometheus", self.url)).send().await.unwrap().text().await.unwrap()
+    }
+
     pub async fn sql(&self) -> tokio_postgres::Client {
         cluster().connect(&self.db).await
     }
@@ -256,6 +261,12 @@ pub async fn spawn_process(env: &[(String, String)], logs: Arc<Mutex<Vec<String>
 }
 
 /// Polls `check` until it returns true or the deadline passes.
+/// The value of one series (name and labels, as the exposition writes them)
+/// in a Prometheus text.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
