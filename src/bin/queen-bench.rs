@@ -101,6 +101,10 @@ enum Scenario {
         /// durable push's tail
         #[arg(long)]
         fsync_probe: Option<std::path::PathBuf>,
+        /// Payload size in bytes: the send-time stamp every payload carries,
+        /// padded to this length (default: the stamp alone, about 20 bytes)
+        #[arg(long)]
+        payload_size: Option<usize>,
     },
     /// One producer side, G consumer groups each reading everything
     Fanout {
@@ -124,6 +128,10 @@ enum Scenario {
         /// Longest run, seconds
         #[arg(long, default_value_t = 120)]
         duration: u64,
+        /// Payload size in bytes: the send-time stamp every payload carries,
+        /// padded to this length (default: the stamp alone, about 20 bytes)
+        #[arg(long)]
+        payload_size: Option<usize>,
     },
     /// N parked long-poll consumers on N queues: broker CPU, RSS and database
     /// connections while nothing happens (read from the broker's /metrics)
@@ -168,11 +176,13 @@ async fn main() {
             };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), mode, Duration::from_secs(duration), payload_size).await
         }
-        Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration } => {
-            fanout(&cli.url, messages, batch.max(1), partitions.max(1), producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration)).await
+        Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size } => {
+            let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
+            fanout(&cli.url, messages, shape, producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration)).await
         }
-        Scenario::E2e { rate, batch, partitions, consumers, duration, fsync_probe } => {
-            e2e(&cli.url, rate.max(1), batch.max(1), partitions.max(1), consumers.max(1), Duration::from_secs(duration), fsync_probe).await
+        Scenario::E2e { rate, batch, partitions, consumers, duration, fsync_probe, payload_size } => {
+            let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
+            e2e(&cli.url, rate.max(1), shape, consumers.max(1), Duration::from_secs(duration), fsync_probe).await
         }
     }
 }
@@ -505,7 +515,27 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                           "all_served_ms": first_ms}));
 }
 
-async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers: usize, duration: Duration, probe_dir: Option<std::path::PathBuf>) {
+/// What a pushing scenario sends: messages per request, partitions, and the
+/// payload's size (`None`: the send-time stamp alone).
+#[derive(Clone, Copy)]
+struct Shape {
+    batch: usize,
+    partitions: usize,
+    payload_size: Option<usize>,
+}
+
+/// A payload carrying its send time `t` (µs since the run's epoch), which the
+/// consumers read back for the latency; padded to `size` bytes of JSON when
+/// asked (`{"t":…,"pad":"xx…"}`), never cut below the stamp.
+fn stamped(t: u64, size: Option<usize>) -> serde_json::Value {
+    let bare = json!({ "t": t });
+    let Some(size) = size else { return bare };
+    let stamp_len = bare.to_string().len() + ",\"pad\":\"\"".len();
+    json!({"t": t, "pad": "x".repeat(size.saturating_sub(stamp_len))})
+}
+
+async fn e2e(url: &str, rate: usize, shape: Shape, consumers: usize, duration: Duration, probe_dir: Option<std::path::PathBuf>) {
+    let Shape { batch, partitions, payload_size } = shape;
     let queue = format!("bench.e2e.{}", uuid::Uuid::now_v7().simple());
     let latencies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -527,7 +557,8 @@ async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers:
     while started.elapsed() < duration {
         let partition = format!("p{}", (sent / batch) % partitions);
         let t = epoch.elapsed().as_micros() as u64;
-        let items: Vec<_> = (0..batch).map(|_| json!({"queue": queue, "partition": partition, "payload": {"t": t}})).collect();
+        let payload = stamped(t, payload_size);
+        let items: Vec<_> = (0..batch).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
         let (client, url) = (client.clone(), url.to_string());
         inflight.push(tokio::spawn(async move { client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await.is_ok() }));
         sent += batch;
@@ -549,6 +580,7 @@ async fn e2e(url: &str, rate: usize, batch: usize, partitions: usize, consumers:
     println!("e2e       {rate:<13} {:<10} {secs:<8.1} {:<8.2} {:<8.2} {:<8.2} {:<8.2}", l.len(),
              percentile_ms(&l, 0.5), percentile_ms(&l, 0.9), percentile_ms(&l, 0.99), percentile_ms(&l, 1.0));
     println!("{}", json!({"scenario": "e2e", "rate": rate, "batch": batch, "partitions": partitions, "consumers": consumers,
+                          "payload_size": payload_size,
                           "sent": sent, "delivered": l.len(), "seconds": secs,
                           "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
     if let Some(probe) = probe {
@@ -705,8 +737,8 @@ async fn long_poll_consumer(url: String, queue: String, group: String, epoch: In
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn fanout(url: &str, messages: usize, batch: usize, partitions: usize, producers: usize, groups: usize, consumers: usize, limit: Duration) {
+async fn fanout(url: &str, messages: usize, shape: Shape, producers: usize, groups: usize, consumers: usize, limit: Duration) {
+    let Shape { batch, partitions, payload_size } = shape;
     let queue = format!("bench.fanout.{}", uuid::Uuid::now_v7().simple());
     let epoch = Instant::now();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -736,7 +768,8 @@ async fn fanout(url: &str, messages: usize, batch: usize, partitions: usize, pro
                 let n = batch.min(messages - r * batch);
                 let t = epoch.elapsed().as_micros() as u64;
                 let partition = format!("p{}", r % partitions);
-                let items: Vec<_> = (0..n).map(|_| json!({"queue": queue, "partition": partition, "payload": {"t": t}})).collect();
+                let payload = stamped(t, payload_size);
+                let items: Vec<_> = (0..n).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
                 let ok = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await.is_ok_and(|r| r.status().as_u16() == 201);
                 assert!(ok, "fanout push failed");
             }
@@ -762,6 +795,7 @@ async fn fanout(url: &str, messages: usize, batch: usize, partitions: usize, pro
     println!("fanout    {messages:<9} {groups:<7} {consumers:<16} {push_rate:<11.0} {delivered:<10} {delivery_rate:<15.0} {secs:<8.1} {:<8.2} {:<8.2} {:<8.2}",
              percentile_ms(&l, 0.5), percentile_ms(&l, 0.99), percentile_ms(&l, 1.0));
     println!("{}", json!({"scenario": "fanout", "messages": messages, "batch": batch, "partitions": partitions, "producers": producers,
+                          "payload_size": payload_size,
                           "groups": groups, "consumers_per_group": consumers, "push_msg_per_s": push_rate, "delivered": delivered,
                           "delivery_msg_per_s": delivery_rate, "seconds": secs,
                           "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
@@ -823,5 +857,24 @@ async fn idle(url: &str, consumers: usize, duration: Duration) {
     // The parked pops end with their 30 s timeout; do not wait for them.
     for t in tasks {
         t.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamped_payload_has_the_asked_size_and_keeps_its_stamp() {
+        for t in [0u64, 7, 1_234_567_890] {
+            assert_eq!(stamped(t, None), json!({ "t": t }));
+            for size in [64, 100, 1000] {
+                let p = stamped(t, Some(size));
+                assert_eq!(p.to_string().len(), size, "t={t}, size={size}: {p}");
+                assert_eq!(p["t"], json!(t));
+            }
+            // Smaller than the stamp itself: the stamp stays whole.
+            assert_eq!(stamped(t, Some(3))["t"], json!(t));
+        }
     }
 }
