@@ -64,7 +64,7 @@ impl AppState {
         let on_commit = |results: &[crate::push::ItemResult]| {
             for r in results {
                 if let crate::push::Outcome::Queued { partition_id, .. } = r.outcome {
-                    self.committed_push(&r.queue, partition_id, &r.partition, 1);
+                    self.committed_push(r.queue, partition_id, r.partition, 1);
                 }
             }
         };

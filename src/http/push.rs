@@ -148,7 +148,7 @@ fn notify_consumers(state: &AppState, results: &[ItemResult]) {
         }
     }
     for (r, n) in counts {
-        state.committed_push(&r.queue, r.outcome.partition_id(), &r.partition, n);
+        state.committed_push(r.queue, r.outcome.partition_id(), r.partition, n);
     }
 }
 
@@ -161,8 +161,8 @@ mod tests {
         let id = |n: u128| uuid::Uuid::from_u128(n);
         let result = |index, queue: &'static str, txn: &'static str, outcome| ItemResult {
             index,
-            queue: queue.into(),
-            partition: "p".into(),
+            queue,
+            partition: "p",
             transaction_id: txn.into(),
             outcome,
         };

@@ -231,10 +231,13 @@ fn shard_of(key: &(String, String)) -> usize {
     (h.finish() as usize) % SHARDS
 }
 
+/// Encoded frames back to back, and each one's byte range in them.
+type Unpacked = (Vec<u8>, Vec<Range<usize>>);
+
 /// A bare entry's frames, re-encoded from its blob, with each one's range:
 /// the frames `push_items` would have encoded, since the items were read
 /// from exactly these.
-fn unpack(blob: &[u8], items: usize) -> Result<(Vec<u8>, Vec<Range<usize>>), Arc<PushError>> {
+fn unpack(blob: &[u8], items: usize) -> Result<Unpacked, Arc<PushError>> {
     let unreadable = |e: String| Arc::new(PushError::Unreadable(e));
     let raw = decompress_frames(blob, SEGMENT_LIMIT).map_err(|e| unreadable(e.to_string()))?;
     let mut out = Vec::with_capacity(raw.len());
