@@ -128,7 +128,7 @@ struct AckGroup {
     idxs: Vec<usize>,
     offsets: Vec<Option<i64>>,
     /// The queue, when the ack registry knew the batch.
-    queue: Option<String>,
+    queue: Option<std::sync::Arc<str>>,
 }
 
 /// The head message of a dead-lettering ack, decoded from its segment.
@@ -365,7 +365,7 @@ impl AckService {
         lease: &str,
         idxs: &[usize],
         items: &[AckItem],
-    ) -> Result<(Vec<Option<i64>>, Option<String>), DbError> {
+    ) -> Result<(Vec<Option<i64>>, Option<std::sync::Arc<str>>), DbError> {
         let registry::Known { mut offsets, queue } =
             self.registry.resolve_many(lease, pid, idxs.iter().map(|&i| items[i].transaction_id.as_str()));
         let missing: Vec<i64> =

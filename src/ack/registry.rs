@@ -8,11 +8,13 @@
 //! arriving at another broker, or after a restart, still resolves).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 struct Batch {
     offsets: HashMap<String, i64>,
-    queue: String,
+    /// Shared with every ack group that resolves through the batch: naming
+    /// the queue costs an ack a reference count, not an allocation.
+    queue: Arc<str>,
     bytes: usize,
 }
 
@@ -22,7 +24,7 @@ pub struct Known {
     /// Per transactionId asked about, its offset if the batch holds it.
     pub offsets: Vec<Option<i64>>,
     /// The batch's queue, when the batch is known.
-    pub queue: Option<String>,
+    pub queue: Option<Arc<str>>,
 }
 
 /// `order` lists batches oldest first for eviction. A batch released by its
@@ -73,7 +75,7 @@ impl AckRegistry {
         inner.forget(lease, pid);
         inner.bytes += bytes;
         inner.live += 1;
-        inner.leases.entry(lease.to_string()).or_default().insert(pid, Batch { offsets: entries.into_iter().collect(), queue: queue.to_string(), bytes });
+        inner.leases.entry(lease.to_string()).or_default().insert(pid, Batch { offsets: entries.into_iter().collect(), queue: Arc::from(queue), bytes });
         inner.order.push_back((lease.to_string(), pid));
         inner.sweep();
     }
@@ -90,7 +92,7 @@ impl AckRegistry {
         match inner.leases.get(lease).and_then(|parts| parts.get(&pid)) {
             Some(batch) => Known {
                 offsets: txns.map(|t| batch.offsets.get(t).copied()).collect(),
-                queue: Some(batch.queue.clone()),
+                queue: Some(Arc::clone(&batch.queue)),
             },
             None => Known { offsets: txns.map(|_| None).collect(), queue: None },
         }
