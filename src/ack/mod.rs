@@ -3,11 +3,18 @@
 //! Each transactionId is resolved to its offset (the registry a leased pop
 //! filled, then the transaction index, then the segments around the group's
 //! cursor: a queue without a dedup window keeps no index), acks are grouped by
-//! (partition, lease), and each group is applied by one call to `queen.ack_v1`,
+//! (partition, lease), and each group is applied by one call to `queen.ack_v2`,
 //! where the lease check, implicit acks, clamping, the retry budget and the
 //! DLQ live; only the plain groups (a live lease, every item completed) are
 //! applied together by `queen.ack_completed_many_v2`, which implements that
 //! one case of the rules.
+//!
+//! The fence (issue 25, docs/DECISIONS.md): an ack that names a lease moves a
+//! cursor only while that lease is the partition's live lease for its group.
+//! Both statements test it under the cursor row's lock, and nothing in the
+//! broker (the registry included) ever decides it: the registry only
+//! resolves offsets. [`Fence`] says what a lease that is not live means for
+//! an ack below the cursor.
 //! The broker's part beyond resolution is the DLQ snapshot: only it can
 //! decode the head message out of its segment.
 
@@ -75,6 +82,18 @@ pub struct AckItem {
     pub group: String,
 }
 
+/// How strictly an ack's lease is checked against a message the cursor has
+/// already passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// Plain acks (`/ack`, `/ack/batch`): a completed ack below the cursor is
+    /// an idempotent retry, `success:true, noop:true`, whatever its lease.
+    BelowCursorIsNoop,
+    /// Transactions: every ack proves its lease is live, also below the
+    /// cursor, so that a zombie's bundle cannot commit its pushes.
+    Always,
+}
+
 /// The answer for one acknowledgement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AckOutcome {
@@ -100,7 +119,7 @@ pub struct Released {
 pub const UNRESOLVABLE: &str =
     "unresolvable: transaction not in the ack window (hash purged or never pushed); if leased, the message redelivers";
 
-const ACK_SQL: &str = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+const ACK_SQL: &str = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 const INDEX_SQL: &str =
     "SELECT txn_hash, msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = ANY ($2)";
 /// What neither the registry nor the index resolves is looked for in the
@@ -110,7 +129,7 @@ const SPAN_SLACK: i32 = 1_000;
 /// How often a multi-partition ack transaction is tried when PostgreSQL
 /// breaks a deadlock by aborting it (nothing of it was applied).
 const DEADLOCK_ATTEMPTS: u32 = 3;
-/// Plain groups go here even one at a time: ack_v1 walks its items in
+/// Plain groups go here even one at a time: ack_v2 walks its items in
 /// PL/pgSQL and answers a row each (1.26 ms of PostgreSQL for one partition's
 /// 500 acks, docs/PERFORMANCE.md, stop 13), where this is one update per group.
 const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v2($1, $2, $3, $4, $5, $6)";
@@ -119,7 +138,7 @@ const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segme
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
 
 /// The acks of one (partition, group, lease), their offsets resolved:
-/// one `ack_v1` call's worth.
+/// one `ack_v2` call's worth.
 struct AckGroup {
     pid: i64,
     group: String,
@@ -158,7 +177,7 @@ impl AckService {
     /// leases the acks released.
     ///
     /// Acks of several partitions commit together, in one transaction: each
-    /// `ack_v1` call on its own was one commit, one WAL flush, so a batch over
+    /// `ack_v2` call on its own was one commit, one WAL flush, so a batch over
     /// 50 partitions cost 50 flushes in a row (docs/PERFORMANCE.md, 100,000
     /// partitions). The cursor rows are locked in partition order (see
     /// `ack_on`) and pops skip locked rows, so concurrent batches queue rather
@@ -167,12 +186,12 @@ impl AckService {
         let mut client = self.pool.get().await?;
         let first = items.first().map(|i| i.partition_id.as_str());
         if items.iter().all(|i| Some(i.partition_id.as_str()) == first) {
-            return self.ack_on(&client, items).await;
+            return self.ack_on(&client, items, Fence::BelowCursorIsNoop).await;
         }
         let mut attempt = 1;
         loop {
             let tx = client.transaction().await?;
-            match self.ack_on(&tx, items).await {
+            match self.ack_on(&tx, items, Fence::BelowCursorIsNoop).await {
                 Ok(done) => {
                     tx.commit().await?;
                     return Ok(done);
@@ -185,11 +204,13 @@ impl AckService {
         }
     }
 
-    /// The same on a caller's connection (transactions run it inside theirs).
+    /// The same on a caller's connection (transactions run it inside theirs,
+    /// with [`Fence::Always`]).
     pub async fn ack_on(
         &self,
         client: &impl deadpool_postgres::GenericClient,
         items: &[AckItem],
+        fence: Fence,
     ) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
         let mut outcomes: Vec<Option<AckOutcome>> = vec![None; items.len()];
         let mut released = Vec::new();
@@ -218,7 +239,7 @@ impl AckService {
             resolved.push(AckGroup { pid, group, lease, idxs, offsets, queue });
         }
         // Plain groups commit in one statement; every other group (and a
-        // plain one it did not apply) goes through ack_v1, all at once:
+        // plain one it did not apply) goes through ack_v2, all at once:
         // pipelined on the connection, sent in partition order, one round
         // trip instead of one per partition.
         let mut plain = self.apply_plain(client, &resolved, items).await?;
@@ -227,7 +248,7 @@ impl AckService {
         metrics::counter!(crate::metrics::ACK_GROUPS, "path" => "bulk").increment(plain.len() as u64);
         metrics::counter!(crate::metrics::ACK_GROUPS, "path" => "each").increment(full.len() as u64);
         let mut applied =
-            futures_util::future::try_join_all(full.into_iter().map(|g| self.apply(client, g, items))).await?.into_iter();
+            futures_util::future::try_join_all(full.into_iter().map(|g| self.apply(client, g, items, fence))).await?.into_iter();
         for (k, AckGroup { pid, lease, idxs, .. }) in resolved.into_iter().enumerate() {
             let (lease_released, queue) = match plain.remove(&k) {
                 Some((lease_released, queue)) => {
@@ -247,7 +268,7 @@ impl AckService {
                     (lease_released, queue)
                 }
                 None => {
-                    let rows = applied.next().expect("one ack_v1 answer per group not applied in bulk");
+                    let rows = applied.next().expect("one ack_v2 answer per group not applied in bulk");
                     let (mut lease_released, mut queue) = (false, None::<String>);
                     for row in rows {
                         let i = idxs[row.get::<_, i32>("o_index") as usize];
@@ -285,7 +306,7 @@ impl AckService {
     /// batch, applied by one
     /// `queen.ack_completed_many_v2` call per consumer group: by index into
     /// `groups`, whether the lease was released and the queue. Groups the
-    /// call leaves out were not touched (ack_v1 answers them). `groups` is
+    /// call leaves out were not touched (ack_v2 answers them). `groups` is
     /// in partition order and so are the call's arrays: the call locks the
     /// cursor rows in the order it is given them (migration 0018). The queue
     /// names the registry knew spare the call a lookup per group.
@@ -326,30 +347,32 @@ impl AckService {
         Ok(done)
     }
 
-    /// One `ack_v1` call for a group, again with the head message's snapshot
+    /// One `ack_v2` call for a group, again with the head message's snapshot
     /// when the call asks for one (a dead-lettering ack).
     async fn apply(
         &self,
         client: &impl deadpool_postgres::GenericClient,
         g: &AckGroup,
         items: &[AckItem],
+        fence: Fence,
     ) -> Result<Vec<tokio_postgres::Row>, DbError> {
         let statuses: Vec<&str> = g.idxs.iter().map(|&i| items[i].status.as_sql()).collect();
         let errors: Vec<Option<&str>> = g.idxs.iter().map(|&i| items[i].error.as_deref()).collect();
         let lease_arg: Option<&str> = (!g.lease.is_empty()).then_some(g.lease.as_str());
+        let fenced = fence == Fence::Always;
         let mut snapshot = Snapshot::default();
         loop {
             let s = &snapshot;
-            let args: [&(dyn ToSql + Sync); 13] = [
+            let args: [&(dyn ToSql + Sync); 14] = [
                 &g.pid, &g.group, &lease_arg, &g.offsets, &statuses, &errors, &s.offset, &s.message_id,
-                &s.transaction_id, &s.trace_id, &s.producer_sub, &s.payload, &s.created_at,
+                &s.transaction_id, &s.trace_id, &s.producer_sub, &s.payload, &s.created_at, &fenced,
             ];
             let stmt = client.prepare_cached(ACK_SQL).await?;
             let rows = client.query(&stmt, &args).await?;
             let wants = rows.first().filter(|r| r.get::<_, i32>("o_index") == -1).map(|r| r.get::<_, i64>("o_committed"));
             match wants {
                 Some(head) if snapshot.offset != Some(head) => snapshot = self.snapshot(client, g.pid, head).await?,
-                Some(_) => return Err(DbError::Unexpected("ack_v1 asked twice for the same snapshot".into())),
+                Some(_) => return Err(DbError::Unexpected("ack_v2 asked twice for the same snapshot".into())),
                 None => return Ok(rows),
             }
         }

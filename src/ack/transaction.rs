@@ -6,13 +6,20 @@
 //! of the coalescer, so they commit with the acks. A cross-request duplicate
 //! push or a refused ack rolls everything back; the answer is still 200, with
 //! `success: false`, because the client reads the body either way.
+//!
+//! Every ack is fenced by its own lease ([`Fence::Always`], issue 25): a
+//! transaction is how a consumer commits "ack my input, push my output"
+//! exactly once, so an ack whose lease is not live rolls the bundle back even
+//! when its message is already below the cursor (a zombie whose batch another
+//! consumer finished must not commit its output a second time). Which lease
+//! an ack without its own is fenced by is [`resolve_lease`]'s one rule.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::{AckItem, AckService, AckStatus, Released};
+use super::{AckItem, AckService, AckStatus, Fence, Released};
 use crate::db::DbError;
 use crate::pop::QUEUE_MODE;
 use crate::push::coalescer::{write_segment, SegmentWrite};
@@ -135,7 +142,18 @@ pub async fn run(
     if !binary_pushes.is_empty() {
         ops.push(Op::Push(binary_pushes.to_vec()));
     }
-    let required = parsed.required_leases.unwrap_or_default();
+    let mut required = parsed.required_leases.unwrap_or_default();
+    required.retain(|l| !l.is_empty());
+    required.sort_unstable();
+    required.dedup();
+    if required.len() > 1 {
+        if let Some(i) = ops.iter().position(|o| matches!(o, Op::Ack(_, false))) {
+            return Err(TxnError::BadRequest(format!(
+                "operations[{i}].leaseId: required when requiredLeases names several leases ({}): the ack's lease is ambiguous",
+                required.len()
+            )));
+        }
+    }
     let any_lease = !required.is_empty() || ops.iter().any(|o| matches!(o, Op::Ack(_, true)));
     let transaction_id = Uuid::now_v7().to_string();
     let rolled_back = |error: String| Committed {
@@ -149,7 +167,7 @@ pub async fn run(
     let mut results = Vec::new();
     let mut pushed = Vec::new();
     let mut released = Vec::new();
-    for op in ops {
+    for (op_index, op) in ops.into_iter().enumerate() {
         match op {
             Op::Push(items) => {
                 let plan = PushPlan::new(&items, producer);
@@ -194,13 +212,15 @@ pub async fn run(
                 if !own {
                     item.lease_id = resolve_lease(&tx, &item, any_lease, &required).await?;
                 }
-                let (outcomes, rel) = acks.ack_on(&tx, std::slice::from_ref(&item)).await?;
+                let (outcomes, rel) = acks.ack_on(&tx, std::slice::from_ref(&item), Fence::Always).await?;
                 let o = &outcomes[0];
                 if !o.success {
                     tx.rollback().await?;
+                    let lease = item.lease_id.as_deref().map_or("no lease".to_string(), |l| format!("lease {l}"));
                     return Ok(rolled_back(format!(
-                        "QTXN ack of {:?} rejected: {}",
+                        "QTXN transaction rolled back: operations[{op_index}] ack of {:?} on partition {} ({lease}) refused: {}",
                         item.transaction_id,
+                        item.partition_id,
                         o.error.as_deref().unwrap_or("refused")
                     )));
                 }
@@ -227,9 +247,10 @@ pub async fn run(
     })
 }
 
-/// An ack without its own lease: the partition's current holder when the
-/// bundle names any lease, else the single unambiguous required lease, else
-/// lease-less.
+/// An ack without its own lease (API.md §2.4): the partition's current holder
+/// when the bundle names any lease, else the single required lease, else
+/// lease-less. Several required leases never get here: `run` refuses such a
+/// bundle as ambiguous.
 async fn resolve_lease(
     tx: &deadpool_postgres::Transaction<'_>,
     item: &AckItem,

@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(16, "0016_first_contact_seed.sql"),
     migration!(17, "0017_generic_plans.sql"),
     migration!(18, "0018_one_pass_claim_lean_ack.sql"),
+    migration!(19, "0019_fenced_ack.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -1,0 +1,275 @@
+//! A lease that is not live never moves a cursor (issue 25, docs/DECISIONS.md
+//! "Ack fencing"): on every ack path, an ack naming a lease commits only while
+//! that lease is the partition's live lease for its group. Released (by a
+//! nack, a full-batch ack, a seek, a group delete), expired and never-issued
+//! leases answer `invalid or expired lease` and change nothing; transactions
+//! are fenced by their acks' leases even below the cursor.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Broker;
+use serde_json::{json, Value};
+
+const INVALID: &str = "invalid or expired lease";
+
+/// Pushes `txns` to `queue`/p and pops them as one leased batch of `group`
+/// (`None`: queue mode): (lease, partitionId).
+async fn leased(b: &Broker, queue: &str, group: Option<&str>, txns: &[&str], extra: &str) -> (String, String) {
+    let items: Vec<Value> =
+        txns.iter().map(|t| json!({"queue": queue, "partition": "p", "payload": {"t": t}, "transactionId": t})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let g = group.map(|g| format!("&consumerGroup={g}")).unwrap_or_default();
+    let r = b.pop(&format!("/api/v1/pop/queue/{queue}?batch={}{g}{extra}", txns.len())).await;
+    let body = r.body.unwrap_or_else(|| panic!("a batch of {queue}: {}", r.status));
+    assert_eq!(body["messages"].as_array().unwrap().len(), txns.len(), "{body}");
+    (body["leaseId"].as_str().unwrap().to_string(), body["partitionId"].as_str().unwrap().to_string())
+}
+
+fn group_name(group: Option<&str>) -> &str {
+    group.unwrap_or("__QUEUE_MODE__")
+}
+
+/// The committed offset of (partition, group), or None without a cursor row.
+async fn committed(b: &Broker, pid: &str, group: Option<&str>) -> Option<i64> {
+    let pid: i64 = pid.parse().unwrap();
+    b.sql()
+        .await
+        .query_opt("SELECT committed FROM queen.consumers WHERE partition_id = $1 AND consumer_group = $2", &[&pid, &group_name(group)])
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// The issue's reproduction, on both ways an ack resolves its offset: the
+/// registry and index, and the segments around the cursor.
+#[tokio::test]
+async fn a_completed_ack_under_a_lease_its_nack_released_moves_nothing() {
+    for no_index in [false, true] {
+        let b = if no_index { Broker::start_with(&[("QUEEN_ACK_REGISTRY_MB", "0")]).await } else { Broker::start().await };
+        if no_index {
+            assert_eq!(b.post("/api/v1/configure", json!({"queue": "q", "options": {"dedupWindowSeconds": 0}})).await.0, 200);
+        }
+        let (lease, pid) = leased(&b, "q", None, &["t0", "t1", "t2"], "").await;
+        let (status, r) = b
+            .post("/api/v1/ack", json!({"transactionId": "t0", "partitionId": pid, "leaseId": lease, "status": "failed", "error": "boom"}))
+            .await;
+        assert_eq!(status, 200);
+        assert_eq!((r[0]["success"].as_bool(), r[0]["leaseReleased"].as_bool()), (Some(true), Some(true)), "{r}");
+        let (status, r) = b
+            .post("/api/v1/ack", json!({"transactionId": "t1", "partitionId": pid, "leaseId": lease, "status": "completed", "error": null}))
+            .await;
+        assert_eq!(status, 200);
+        assert_eq!(r[0]["success"], false, "no_index={no_index}: {r}");
+        assert_eq!(r[0]["error"], INVALID);
+        assert_eq!(committed(&b, &pid, None).await, Some(-1), "the cursor stays before t0");
+        let (_, m) = b.get(&format!("/api/v1/messages/{pid}/t0")).await;
+        assert_ne!(m["status"], "completed", "{m}");
+        let again = b.pop("/api/v1/pop/queue/q?batch=3").await.body.expect("t0 redelivers");
+        let txns: Vec<&str> = again["messages"].as_array().unwrap().iter().map(|m| m["transactionId"].as_str().unwrap()).collect();
+        assert_eq!(txns, ["t0", "t1", "t2"], "no_index={no_index}");
+        assert_ne!(again["leaseId"].as_str().unwrap(), lease, "a fresh lease");
+    }
+}
+
+/// How a lease stops being live.
+#[derive(Debug, Clone, Copy)]
+enum Death {
+    Nack,
+    FullBatchAck,
+    Seek,
+    GroupDelete,
+    Expiry,
+    NeverIssued,
+}
+
+/// The ack routes a client can commit through.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Single,
+    Batch,
+    /// A batch spanning two partitions: applied in one transaction.
+    TwoPartitionBatch,
+}
+
+/// Makes the lease die as `death` says; returns the lease the ack will name
+/// and the cursor expected after it (unchanged).
+async fn kill_lease(b: &Broker, queue: &str, group: Option<&str>, death: Death) -> (String, String, i64, &'static str) {
+    let extra = if matches!(death, Death::Expiry) { "&leaseSeconds=1" } else { "" };
+    let (lease, pid) = leased(b, queue, group, &["t0", "t1", "t2"], extra).await;
+    let gq = group.map(|g| format!(",\"consumerGroup\":\"{g}\"")).unwrap_or_default();
+    let ack = |txn: &str, status: &str| -> Value {
+        serde_json::from_str(&format!(
+            r#"{{"transactionId":"{txn}","partitionId":"{pid}","leaseId":"{lease}","status":"{status}","error":null{gq}}}"#
+        ))
+        .unwrap()
+    };
+    match death {
+        Death::Nack => {
+            let (_, r) = b.post("/api/v1/ack", ack("t0", "failed")).await;
+            assert_eq!(r[0]["leaseReleased"], true, "{r}");
+            (lease, pid, -1, "t1")
+        }
+        Death::FullBatchAck => {
+            let (_, r) = b.post("/api/v1/ack", ack("t2", "completed")).await;
+            assert_eq!(r[0]["leaseReleased"], true, "{r}");
+            // The next batch is someone else's; the old lease must not touch it.
+            let (next, _) = leased(b, queue, group, &["t3", "t4"], "").await;
+            assert_ne!(next, lease);
+            (lease, pid, 2, "t3")
+        }
+        Death::Seek => {
+            let g = group.expect("seek takes a named group");
+            let (status, body) = b
+                .post(&format!("/api/v1/consumer-groups/{g}/queues/{queue}/seek"), json!({"timestamp": "2000-01-01T00:00:00Z"}))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            (lease, pid, -1, "t1")
+        }
+        Death::GroupDelete => {
+            let g = group.expect("a named group");
+            let r = b.http.delete(format!("{}/api/v1/consumer-groups/{g}", b.url)).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            (lease, pid, i64::MIN, "t1")
+        }
+        Death::Expiry => {
+            tokio::time::sleep(Duration::from_millis(1100)).await; // the lease length is the rule under test
+            (lease, pid, -1, "t1")
+        }
+        Death::NeverIssued => ("never-issued".to_string(), pid, -1, "t1"),
+    }
+}
+
+#[tokio::test]
+async fn a_lease_that_is_not_live_is_refused_on_every_ack_route_and_changes_nothing() {
+    let b = Broker::start().await;
+    let deaths = [Death::Nack, Death::FullBatchAck, Death::Seek, Death::GroupDelete, Death::Expiry, Death::NeverIssued];
+    let routes = [Route::Single, Route::Batch, Route::TwoPartitionBatch];
+    for (n, (death, route)) in deaths.iter().flat_map(|d| routes.map(|r| (*d, r))).enumerate() {
+        let case = format!("{death:?} via {route:?}");
+        let queue = format!("q{n}");
+        let group = Some("g");
+        let (lease, pid, before, txn) = kill_lease(&b, &queue, group, death).await;
+        let item = json!({"transactionId": txn, "partitionId": pid, "leaseId": lease, "status": "completed", "error": null});
+        let answers: Vec<Value> = match route {
+            Route::Single => {
+                let mut one = item.clone();
+                one["consumerGroup"] = json!("g");
+                let (status, r) = b.post("/api/v1/ack", one).await;
+                assert_eq!(status, 200, "{case}: {r}");
+                r.as_array().unwrap().clone()
+            }
+            Route::Batch => b.ack_batch(group, &[(txn, &pid, "completed", Some(&lease))]).await,
+            Route::TwoPartitionBatch => {
+                // A live batch of another queue beside it: that one commits.
+                let (other_lease, other_pid) = leased(&b, &format!("{queue}-other"), group, &["o0"], "").await;
+                let r = b.ack_batch(group, &[(txn, &pid, "completed", Some(&lease)), ("o0", &other_pid, "completed", Some(&other_lease))]).await;
+                assert_eq!(r[1]["success"], true, "{case}: the live lease commits: {r:?}");
+                assert_eq!(committed(&b, &other_pid, group).await, Some(0), "{case}");
+                r
+            }
+        };
+        assert_eq!(answers[0]["success"], false, "{case}: {answers:?}");
+        assert_eq!(answers[0]["error"], INVALID, "{case}");
+        let expected = if before == i64::MIN { None } else { Some(before) };
+        assert_eq!(committed(&b, &pid, group).await, expected, "{case}: nothing moved");
+    }
+}
+
+#[tokio::test]
+async fn a_plain_ack_below_the_cursor_stays_a_noop_whatever_its_lease() {
+    let b = Broker::start().await;
+    let (lease, pid) = leased(&b, "q", None, &["t0", "t1", "t2"], "").await;
+    let r = b.ack_batch(None, &[("t2", &pid, "completed", Some(&lease))]).await;
+    assert_eq!(r[0]["leaseReleased"], true);
+    // A client retrying its acks after the lease was released by them.
+    let r = b.ack_batch(None, &[("t0", &pid, "completed", Some(&lease)), ("t1", &pid, "completed", Some("never-issued"))]).await;
+    for a in &r {
+        assert_eq!((a["success"].as_bool(), a["noop"].as_bool(), a["error"].is_null()), (Some(true), Some(true), true), "{a}");
+    }
+    assert_eq!(committed(&b, &pid, None).await, Some(2));
+}
+
+#[tokio::test]
+async fn an_ack_naming_no_lease_keeps_the_lease_less_rule() {
+    let b = Broker::start().await;
+    let (lease, pid) = leased(&b, "q", None, &["t0", "t1", "t2"], "").await;
+    let r = b.ack_batch(None, &[("t0", &pid, "failed", Some(&lease))]).await;
+    assert_eq!(r[0]["leaseReleased"], true);
+    let r = b.ack_batch(None, &[("t1", &pid, "completed", None)]).await;
+    assert_eq!(r[0]["success"], true, "a lease-less ack advances the cursor: {r:?}");
+    assert_eq!(committed(&b, &pid, None).await, Some(1));
+}
+
+/// Consumer A's lease expires, B takes the batch over and commits it: A is a
+/// zombie, and its "ack my input, push my output" must not commit.
+async fn zombie(b: &Broker) -> (String, String) {
+    let (zombie_lease, pid) = leased(b, "in", Some("g"), &["job-1"], "&leaseSeconds=1").await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the lease length is the rule under test
+    let body = b.pop("/api/v1/pop/queue/in?consumerGroup=g").await.body.expect("B gets the batch");
+    let live = body["leaseId"].as_str().unwrap();
+    let r = b.ack_batch(Some("g"), &[("job-1", &pid, "completed", Some(live))]).await;
+    assert_eq!(r[0]["success"], true);
+    (zombie_lease, pid)
+}
+
+async fn out_segments(b: &Broker) -> i64 {
+    b.sql()
+        .await
+        .query_one(
+            "SELECT count(*) FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id
+             JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'out'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_transaction_acking_with_a_lease_that_is_not_live_rolls_back_even_below_the_cursor() {
+    let b = Broker::start().await;
+    let (zombie_lease, pid) = zombie(&b).await;
+    let push = json!({"type": "push", "items": [{"queue": "out", "payload": "result", "transactionId": "out-1"}]});
+    let own = json!({"type": "ack", "transactionId": "job-1", "partitionId": pid, "status": "completed", "consumerGroup": "g", "leaseId": zombie_lease});
+    let lent = json!({"type": "ack", "transactionId": "job-1", "partitionId": pid, "status": "completed", "consumerGroup": "g"});
+    for (how, ack) in [("its own leaseId", own), ("the single required lease", lent)] {
+        let (status, body) =
+            b.post("/api/v1/transaction", json!({"operations": [push.clone(), ack], "requiredLeases": [zombie_lease]})).await;
+        assert_eq!(status, 200, "{how}: {body}");
+        assert_eq!(body["success"], false, "{how}: {body}");
+        assert_eq!(body["results"], json!([]));
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains("rolled back: ") && error.contains("operations[1]"), "{how}: {error}");
+        assert!(error.contains("\"job-1\"") && error.contains(INVALID) && error.contains(&zombie_lease), "{how}: {error}");
+        assert_eq!(out_segments(&b).await, 0, "{how}: the output is not pushed");
+    }
+    assert_eq!(committed(&b, &pid, Some("g")).await, Some(0));
+}
+
+#[tokio::test]
+async fn a_transaction_whose_acks_name_several_leases_but_not_their_own_is_refused_whole() {
+    let b = Broker::start().await;
+    let (l1, p1) = leased(&b, "a", Some("g"), &["x"], "").await;
+    let (l2, p2) = leased(&b, "b", Some("g"), &["y"], "").await;
+    let ops = json!([
+        {"type": "ack", "transactionId": "x", "partitionId": p1, "status": "completed", "consumerGroup": "g", "leaseId": l1},
+        {"type": "ack", "transactionId": "y", "partitionId": p2, "status": "completed", "consumerGroup": "g"},
+        {"type": "push", "items": [{"queue": "out", "payload": 1}]}
+    ]);
+    let (status, body) = b.post("/api/v1/transaction", json!({"operations": ops, "requiredLeases": [l1, l2]})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["success"], false);
+    let error = body["error"].as_str().unwrap();
+    assert!(error.starts_with("operations[1].leaseId:") && error.contains("ambiguous"), "{error}");
+    assert_eq!((committed(&b, &p1, Some("g")).await, committed(&b, &p2, Some("g")).await), (Some(-1), Some(-1)));
+    assert_eq!(out_segments(&b).await, 0);
+    // Each ack naming its own lease, the same bundle commits.
+    let mut ops = ops;
+    ops[1]["leaseId"] = json!(l2);
+    let (status, body) = b.post("/api/v1/transaction", json!({"operations": ops, "requiredLeases": [l1, l2]})).await;
+    assert_eq!((status, body["success"].as_bool()), (200, Some(true)), "{body}");
+    assert_eq!((committed(&b, &p1, Some("g")).await, committed(&b, &p2, Some("g")).await), (Some(0), Some(0)));
+    assert_eq!(out_segments(&b).await, 1);
+}
