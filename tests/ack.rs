@@ -699,3 +699,20 @@ async fn the_same_batch_acked_twice_at_once_in_opposite_orders_succeeds_once() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_auto_ack_delivery_gives_the_next_message_a_fresh_retry_budget() {
+    let b = Broker::start().await;
+    assert_eq!(b.post("/api/v1/configure", json!({"queue": "q", "options": {"retryLimit": 1}})).await.0, 200);
+    let (lease, pid) = leased_five(&b, "").await;
+    let r = b.ack_batch(None, &[("t0", &pid, "failed", Some(&lease))]).await;
+    assert_eq!(r[0]["dlq"], false);
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await.2, 1, "t0 spent one retry");
+    let r = b.pop("/api/v1/pop/queue/q?batch=1&autoAck=true").await;
+    assert_eq!(r.messages()[0]["transactionId"], "t0", "autoAck delivers and commits t0");
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await, (0, None, 0), "the next message starts with its own budget");
+    let body = b.pop("/api/v1/pop/queue/q?batch=1").await.body.unwrap();
+    let r = b.ack_batch(None, &[("t1", &pid, "failed", Some(body["leaseId"].as_str().unwrap()))]).await;
+    assert_eq!((r[0]["success"].as_bool(), r[0]["dlq"].as_bool()), (Some(true), Some(false)), "t1's first failure is a retry, not t0's second: {r:?}");
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await.2, 1);
+}
