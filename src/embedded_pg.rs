@@ -8,6 +8,10 @@
 //! (`pg_ctl status`) and reuses it; a stale pid file is cleared. PostgreSQL
 //! refuses to run as root, so when the broker is root every command runs as
 //! the `postgres` OS user through `runuser`.
+//!
+//! A data directory belongs to one broker at a time ([`DirLock`]): a second
+//! broker started on it exits before it touches the cluster, so it can
+//! neither share the first's cluster nor stop it on its way out.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -32,6 +36,50 @@ pub enum EmbeddedError {
     Command { command: String, detail: String },
     #[error("embedded PostgreSQL: {0}")]
     Unusable(String),
+    #[error(
+        "QUEEN_DATA_DIR {dir} is in use by another broker (pid {owner}); stop that broker first, \
+         or give this one another QUEEN_DATA_DIR"
+    )]
+    InUse { dir: String, owner: String },
+}
+
+/// The broker's exclusive claim on its data directory: an OS lock
+/// (`flock`) on `broker.lock` inside it, held by an open file for the
+/// broker's whole life, with the owner's PID written in the file for the
+/// message a second broker prints.
+///
+/// An OS lock, not a PID file, because the kernel drops it when its process
+/// dies however it dies: a broker killed with -9 leaves its cluster running
+/// and the lock free, and the next broker takes the lock and adopts the
+/// cluster, as before.
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+impl DirLock {
+    /// Takes the lock without waiting, or says who holds it.
+    pub fn acquire(data_dir: &Path) -> Result<DirLock, EmbeddedError> {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::AsRawFd;
+        let path = data_dir.join("broker.lock");
+        let mut file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path)?;
+        // SAFETY: flock on a descriptor this function owns; no memory is shared.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(err.into());
+            }
+            let mut owner = String::new();
+            let _ = file.read_to_string(&mut owner);
+            let owner = Some(owner.trim().to_string()).filter(|o| !o.is_empty()).unwrap_or_else(|| "unknown".into());
+            return Err(EmbeddedError::InUse { dir: data_dir.display().to_string(), owner });
+        }
+        file.set_len(0)?;
+        file.rewind()?;
+        writeln!(file, "{}", std::process::id())?;
+        file.sync_data()?;
+        Ok(DirLock { _file: file })
+    }
 }
 
 /// Finds the directory holding `initdb` and `pg_ctl` (and the rest of the
@@ -158,6 +206,8 @@ pub struct EmbeddedCluster {
     bindir: PathBuf,
     pgdata: PathBuf,
     socket_dir: PathBuf,
+    /// Released when the cluster is dropped, after `stop`.
+    _lock: DirLock,
 }
 
 impl EmbeddedCluster {
@@ -168,6 +218,8 @@ impl EmbeddedCluster {
         let bindir = find_bindir()?;
         std::fs::create_dir_all(data_dir)?;
         let data_dir = data_dir.canonicalize()?;
+        // First, before anything of the cluster is looked at or started.
+        let lock = DirLock::acquire(&data_dir)?;
         let pgdata = data_dir.join("pgdata");
         let socket_dir = data_dir.join("run");
         let socket = socket_dir.join(format!(".s.PGSQL.{SOCKET_PORT}"));
@@ -192,7 +244,7 @@ impl EmbeddedCluster {
                 )));
             }
         }
-        let cluster = EmbeddedCluster { bindir, pgdata, socket_dir };
+        let cluster = EmbeddedCluster { bindir, pgdata, socket_dir, _lock: lock };
         if !cluster.pgdata.join("PG_VERSION").is_file() {
             tracing::info!(dir = %cluster.pgdata.display(), "initializing embedded PostgreSQL cluster");
             initdb(&cluster.bindir, &cluster.pgdata, &[])?;

@@ -111,3 +111,68 @@ async fn a_stale_pid_file_is_cleared_on_start() {
     assert_eq!(push_one(&again, "x").await, "duplicate");
     assert_eq!(again.terminate().await, Some(0));
 }
+
+/// Runs a second `queen serve` on `dir` and waits (bounded) for it to exit:
+/// its exit code, its stderr and how long it ran.
+fn second_broker(dir: &Path, port: &str) -> (Option<i32>, String, std::time::Duration) {
+    use std::process::{Command, Stdio};
+    let started = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_queen"))
+        .arg("serve")
+        .env_remove("PG_HOST")
+        .env_remove("QUEEN_DATABASE_URL")
+        .env("QUEEN_DATA_DIR", dir)
+        .env("HOST", "127.0.0.1")
+        .env("PORT", port)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = started + std::time::Duration::from_secs(30);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    (code, err, started.elapsed())
+}
+
+#[tokio::test]
+async fn a_second_broker_on_the_same_data_dir_exits_at_once_and_never_touches_the_cluster() {
+    let dir = DataDir::new();
+    let mut first = Broker::spawn("embedded".into(), dir.env()).await;
+    assert_eq!(push_one(&first, "before").await, "queued");
+    let first_port = first.url.rsplit(':').next().unwrap().to_string();
+    // On the first's port (the bind would fail) and on a free one (it would share the cluster).
+    for port in [first_port.as_str(), "0"] {
+        let d = dir.0.clone();
+        let p = port.to_string();
+        let (code, err, took) = tokio::task::spawn_blocking(move || second_broker(&d, &p)).await.unwrap();
+        assert_eq!(code, Some(1), "port {port}: the second broker exits with an error: {err}");
+        assert!(took < std::time::Duration::from_secs(10), "port {port}: at once, not after {took:?}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        let canonical = dir.0.canonicalize().unwrap();
+        assert!(lines[0].contains(&canonical.display().to_string()), "names the directory: {}", lines[0]);
+        assert!(lines[0].contains(&format!("pid {}", first.pid())), "names the owner's PID: {}", lines[0]);
+        assert!(dir.cluster_running(), "port {port}: the first broker's cluster still runs");
+        assert_eq!(push_one(&first, &format!("after-{port}")).await, "queued", "and the first broker still serves");
+    }
+    // With its database gone, the first broker answers pops with the documented pool error.
+    as_postgres(&find_bindir().unwrap().join("pg_ctl")).args(["stop", "-m", "fast", "-w", "-D"]).arg(dir.0.join("pgdata")).output().unwrap();
+    let r = first.http.get(format!("{}/api/v1/pop/queue/e?wait=false", first.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 500);
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap(), json!({"error": "pool"}));
+    assert_eq!(first.terminate().await, Some(0));
+    // The lock went with its owner: a broker starts on the directory again.
+    let mut again = Broker::spawn("embedded".into(), dir.env()).await;
+    assert_eq!(push_one(&again, "before").await, "duplicate");
+    assert_eq!(again.terminate().await, Some(0));
+}
