@@ -135,7 +135,11 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
     spawn_maintenance(&config, &store.pool, &stop_services);
     spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());
-    let spool = match crate::push::spool::Spool::open(&config.file_buffer_dir) {
+    let spool = match crate::push::spool::SpoolOwner::of(&store.pool)
+        .await
+        .map_err(|e| crate::push::spool::SpoolError::Push(format!("which database this is: {e}")))
+        .and_then(|owner| crate::push::spool::Spool::open(&config.file_buffer_dir, owner))
+    {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
             tracing::warn!(dir = %config.file_buffer_dir.display(), error = %e,

@@ -314,6 +314,13 @@ impl Config {
             env.parse(names, default, "a whole number of milliseconds", |v: &u64| *v >= min)
                 .map(Duration::from_millis)
         };
+        let file_buffer_dir = match (env.get(&["FILE_BUFFER_DIR"]), &database) {
+            (Some((_, dir)), _) => PathBuf::from(dir),
+            // The embedded cluster's spool lives with its data: one
+            // machine-wide default was shared by every broker on it.
+            (None, Database::Embedded { data_dir }) => data_dir.join("spool"),
+            (None, _) => PathBuf::from("/var/lib/queen/buffers"),
+        };
         Ok(Config {
             host: env.string(&["HOST"], "0.0.0.0"),
             port: env.parse(&["PORT"], 6632u16, "a port number 0-65535", |_| true)?,
@@ -376,7 +383,7 @@ impl Config {
             } else {
                 None
             },
-            file_buffer_dir: PathBuf::from(env.string(&["FILE_BUFFER_DIR"], "/var/lib/queen/buffers")),
+            file_buffer_dir,
             file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
             auth: auth_config(&env)?,
             limits: Limits {
@@ -436,7 +443,7 @@ impl Config {
         ("PARTITION_CLEANUP_DAYS", "30", "days an emptied partition stays unwritten before it is removed (fractions allowed)"),
         ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
         ("QUEEN_ANALYZE_INTERVAL_MS", "1000", "ms between checks for a partition table grown past twice its planner statistics, which are then refreshed (0 = leave it to autovacuum)"),
-        ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage"),
+        ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage (default `QUEEN_DATA_DIR/spool` on the embedded cluster); a broker replays only the files of its own database"),
         ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
         ("QUEEN_MAX_CONNECTIONS", "10000", "open connections; one over the cap is closed at once"),
         ("QUEEN_HEADER_TIMEOUT_MS", "10000", "ms a connection has to send a request's headers"),
@@ -484,6 +491,11 @@ mod tests {
         let c = parse(&[]).unwrap();
         assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 6632));
         assert_eq!(c.database, Database::Embedded { data_dir: PathBuf::from("./queen-data") });
+        assert_eq!(c.file_buffer_dir, PathBuf::from("./queen-data/spool"), "the embedded cluster's spool lives with its data");
+        let c = parse(&[("PG_HOST", "db")]).unwrap();
+        assert_eq!(c.file_buffer_dir, PathBuf::from("/var/lib/queen/buffers"));
+        let c = parse(&[("QUEEN_DATA_DIR", "/d"), ("FILE_BUFFER_DIR", "/s")]).unwrap();
+        assert_eq!(c.file_buffer_dir, PathBuf::from("/s"));
         assert_eq!(c.max_body_bytes, 67_108_864);
         assert_eq!(c.statement_timeout, Duration::from_millis(30_000));
         assert!(c.apply_schema);

@@ -76,3 +76,67 @@ async fn a_spooled_push_to_names_with_quotes_and_backslashes_is_replayed() {
     assert_eq!(stored[0].payload, r#"{"n":1}"#);
     assert_eq!(b.get("/api/v1/system/maintenance").await.1["spoolPending"], false);
 }
+
+/// A broker on a database of its own, spooling into `spool`.
+async fn broker_on_own_db(spool: &std::path::Path) -> Broker {
+    let c = common::cluster();
+    let db = c.create_db().await;
+    Broker::spawn(db.clone(), vec![("QUEEN_DATABASE_URL".into(), c.url(&db)), ("FILE_BUFFER_DIR".into(), spool.display().to_string())]).await
+}
+
+async fn segment_count(b: &Broker) -> i64 {
+    b.sql().await.query_one("SELECT count(*) FROM queen.segments", &[]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn a_spool_shared_by_brokers_of_two_databases_is_replayed_only_into_its_own() {
+    let spool = tempfile::Builder::new().prefix("queen-shared-spool-").tempdir_in("/tmp").unwrap();
+    // A file from before spools named their database: nobody may guess.
+    let legacy = spool.path().join("spool-00000000000000000001-1.jsonl");
+    std::fs::write(&legacy, "[{\"queue\":\"legacy\",\"partition\":\"Default\",\"transactionId\":\"l1\",\"payload\":1}]\n").unwrap();
+    let mut a = broker_on_own_db(spool.path()).await;
+    let b = broker_on_own_db(spool.path()).await;
+    assert_eq!(a.post("/api/v1/system/maintenance", json!({"enabled": true})).await.0, 200);
+    let items: Vec<Value> = (0..50).map(|n| json!({"queue": "s", "partition": "p", "payload": n})).collect();
+    let (status, body) = a.post("/api/v1/push", json!({ "items": items })).await;
+    assert_eq!(status, 201);
+    assert!(body.as_array().unwrap().iter().all(|i| i["status"] == "buffered"), "{body}");
+
+    // B's replayer runs every 100 ms; give it many chances to do the wrong thing.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(segment_count(&b).await, 0, "B replayed nothing of A's database");
+    assert_eq!(b.get("/api/v1/system/maintenance").await.1["spoolPending"], false, "A's file is not B's pending work");
+    let (_, r) = b.post("/api/v1/push", json!({"items": [{"queue": "b", "payload": "own"}]})).await;
+    assert_eq!(r[0]["status"], "queued", "B's pushes do not queue up behind A's file");
+    // Each broker says once which files it leaves, and whose they are.
+    let said = |b: &Broker, what: &str| b.logs().iter().filter(|l| l.contains(what)).count();
+    assert_eq!(said(&b, "names no database"), 1, "B saw the ownerless file at boot");
+    let c = broker_on_own_db(spool.path()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((said(&c, "spool file of another database"), said(&c, "names no database")), (1, 1), "{:?}", c.logs());
+    assert!(c.logs().iter().any(|l| l.contains("spool file of another database") && l.contains(&a.db)), "names A's database");
+    assert_eq!(segment_count(&c).await, 0);
+
+    // A dies with its spool on disk and comes back: it replays its own, once, in order.
+    a.restart().await;
+    let sql = a.sql().await;
+    eventually("A's spool to reach its own database", Duration::from_secs(20), || async {
+        common::stored_messages(&sql, "s", "p").await.len() == 50
+    })
+    .await;
+    let payloads: Vec<i64> = common::stored_messages(&sql, "s", "p").await.iter().map(|m| m.payload.parse().unwrap()).collect();
+    assert_eq!(payloads, (0..50).collect::<Vec<i64>>(), "every spooled push once, in order");
+    assert_eq!(segment_count(&b).await, 1, "B holds only its own push");
+    let left: Vec<String> = std::fs::read_dir(spool.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(left, [legacy.file_name().unwrap().to_string_lossy().into_owned()], "A's file is gone, the ownerless one stays");
+    for broker in [&a, &b] {
+        let rows: i64 = broker
+            .sql()
+            .await
+            .query_one("SELECT count(*) FROM queen.queues WHERE name = 'legacy'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(rows, 0, "the ownerless file was replayed nowhere");
+    }
+}

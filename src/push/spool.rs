@@ -10,9 +10,21 @@
 //! file is deleted only after everything in it committed. While any spooled
 //! work is waiting, new pushes join the spool behind it, so the order of a
 //! partition's messages is the order their pushes were answered.
+//!
+//! A spool belongs to one database. Each file opens with a header line naming
+//! the cluster's system identifier and the database ([`SpoolOwner`]); a
+//! broker replays only its own database's files, and logs (once) and leaves
+//! every other file where it is: a spool directory shared by brokers of
+//! different databases used to replay each one's pushes into all of them.
+//! A file is held under an OS lock by the broker appending to it, so a second
+//! broker of the same database neither replays it under the writer's feet nor
+//! counts it as its own pending work; once the writer is gone (crashed, or
+//! replaying it itself) the file is anyone's of that database.
 
 use std::borrow::Cow;
-use std::io::{BufRead, Write};
+use std::collections::HashSet;
+use std::io::{BufRead, Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -42,6 +54,54 @@ struct Line<'a> {
     producer_sub: Option<Cow<'a, str>>,
 }
 
+/// The database a spool file's pushes belong to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpoolOwner {
+    /// `pg_control_system().system_identifier`: the cluster (kept by its
+    /// physical standbys, so a promoted standby replays its primary's spool).
+    #[serde(rename = "systemIdentifier")]
+    pub system_identifier: String,
+    pub database: String,
+}
+
+impl SpoolOwner {
+    /// The owner the broker's pool connects to.
+    pub async fn of(pool: &deadpool_postgres::Pool) -> Result<SpoolOwner, crate::db::DbError> {
+        let client = pool.get().await?;
+        let row = client
+            .query_one("SELECT (SELECT system_identifier::text FROM pg_control_system()), current_database()::text", &[])
+            .await?;
+        Ok(SpoolOwner { system_identifier: row.get(0), database: row.get(1) })
+    }
+}
+
+/// A spool file's first line.
+#[derive(Serialize, Deserialize)]
+struct Header {
+    #[serde(rename = "queenSpool")]
+    version: u32,
+    #[serde(flatten)]
+    owner: SpoolOwner,
+}
+
+/// A header is one short line; a legacy file's first line is a whole request.
+const HEADER_LIMIT: u64 = 4096;
+
+/// Tries an exclusive `flock` without waiting: false when another open file
+/// (another broker's writer) holds it.
+fn try_lock(file: &std::fs::File) -> std::io::Result<bool> {
+    // SAFETY: flock on a descriptor the caller owns; no memory is shared.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
 /// Why spooling or replaying failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
@@ -53,33 +113,72 @@ pub enum SpoolError {
 
 pub struct Spool {
     dir: PathBuf,
+    owner: SpoolOwner,
+    /// The file this broker appends to, locked while it is open.
     current: tokio::sync::Mutex<Option<(PathBuf, std::fs::File)>>,
     pending: AtomicBool,
     replaying: tokio::sync::Mutex<()>,
+    /// Files of other databases already logged, so each is said once.
+    noted: std::sync::Mutex<HashSet<PathBuf>>,
+    /// The path of `current`, for `files` (which cannot wait on its lock):
+    /// this broker's own open file is pending work, not another's.
+    current_path: std::sync::Mutex<Option<PathBuf>>,
 }
 
 impl Spool {
-    /// Opens (creating) the spool directory; files left by an earlier run
-    /// are pending work.
-    pub fn open(dir: &Path) -> Result<Spool, SpoolError> {
+    /// Opens (creating) the spool directory of `owner`'s pushes; its files
+    /// left by an earlier run are pending work.
+    pub fn open(dir: &Path, owner: SpoolOwner) -> Result<Spool, SpoolError> {
         std::fs::create_dir_all(dir)?;
         let spool = Spool {
             dir: dir.to_path_buf(),
+            owner,
             current: tokio::sync::Mutex::new(None),
             pending: AtomicBool::new(false),
             replaying: tokio::sync::Mutex::new(()),
+            noted: std::sync::Mutex::new(HashSet::new()),
+            current_path: std::sync::Mutex::new(None),
         };
         spool.pending.store(!spool.files()?.is_empty(), Ordering::SeqCst);
         Ok(spool)
     }
 
+    /// This database's spool files that no other broker is appending to,
+    /// oldest first. Every other file is logged once and left alone.
     fn files(&self) -> Result<Vec<PathBuf>, SpoolError> {
         let mut files: Vec<PathBuf> = std::fs::read_dir(&self.dir)?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
             .collect();
         files.sort();
-        Ok(files)
+        let mut mine = Vec::new();
+        for path in files {
+            let Ok(mut file) = std::fs::File::open(&path) else { continue };
+            let mut first = String::new();
+            let _ = std::io::BufReader::new((&mut file).take(HEADER_LIMIT)).read_line(&mut first);
+            match serde_json::from_str::<Header>(first.trim_end()) {
+                Ok(h) if h.owner == self.owner => {
+                    let own_open = self.current_path.lock().expect("current path lock poisoned").as_ref() == Some(&path);
+                    if own_open || try_lock(&file)? {
+                        mine.push(path);
+                    }
+                }
+                Ok(h) => self.note(&path, || {
+                    tracing::warn!(file = %path.display(), database = %h.owner.database, system_identifier = %h.owner.system_identifier,
+                                   "spool file of another database; left in place")
+                }),
+                Err(_) => self.note(&path, || {
+                    tracing::warn!(file = %path.display(), "spool file names no database (written before spools had owners); left in place")
+                }),
+            }
+        }
+        Ok(mine)
+    }
+
+    fn note(&self, path: &Path, log: impl FnOnce()) {
+        if self.noted.lock().expect("noted lock poisoned").insert(path.to_path_buf()) {
+            log();
+        }
     }
 
     /// Spooled work is waiting for replay.
@@ -114,7 +213,13 @@ impl Spool {
         if current.is_none() {
             let name = format!("spool-{:020}-{}.jsonl", chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0), std::process::id());
             let path = self.dir.join(name);
-            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            let file = std::fs::OpenOptions::new().create_new(true).append(true).open(&path)?;
+            try_lock(&file)?;
+            let mut header = serde_json::to_vec(&Header { version: 1, owner: self.owner.clone() }).map_err(|e| SpoolError::Push(e.to_string()))?;
+            header.push(b'\n');
+            // Synced with the first line below: a file never holds a line without its header.
+            (&file).write_all(&header)?;
+            *self.current_path.lock().expect("current path lock poisoned") = Some(path.clone());
             *current = Some((path, file));
         }
         let (_, file) = current.as_mut().expect("opened above");
@@ -135,11 +240,19 @@ impl Spool {
     pub async fn replay(&self, coalescer: &Coalescer, on_commit: impl Fn(&[ItemResult])) -> Result<usize, SpoolError> {
         let _one_at_a_time = self.replaying.lock().await;
         // New appends go to a new file from here on.
-        self.current.lock().await.take();
+        {
+            let mut current = self.current.lock().await;
+            current.take();
+            self.current_path.lock().expect("current path lock poisoned").take();
+        }
         let mut replayed = 0;
         for path in self.files()? {
             let file = std::fs::File::open(&path)?;
-            for line in std::io::BufReader::new(file).lines() {
+            // Held while it replays: a second broker of this database skips it.
+            if !try_lock(&file)? {
+                continue;
+            }
+            for line in std::io::BufReader::new(&file).lines().skip(1) {
                 let line = line?;
                 if line.trim().is_empty() {
                     continue;
