@@ -409,7 +409,7 @@ impl Config {
         ("PG_USER", "postgres", "PostgreSQL user"),
         ("PG_PASSWORD", "postgres", "PostgreSQL password"),
         ("PG_DATABASE (alias PG_DB)", "postgres", "PostgreSQL database"),
-        ("QUEEN_DATA_DIR", "./queen-data", "where the embedded cluster keeps its data"),
+        ("QUEEN_DATA_DIR", "./queen-data", "where the embedded cluster keeps its data; one broker at a time (a second one on it exits at once)"),
         ("DB_POOL_SIZE", "160", "most pooled PostgreSQL connections"),
         ("DB_CONNECTION_TIMEOUT", "2000", "ms a request waits for a pooled connection before 500 pool"),
         ("DB_IDLE_TIMEOUT", "30000", "ms after which an unused pooled connection is closed"),
