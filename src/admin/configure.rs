@@ -4,8 +4,11 @@
 //! defaults live in one place only, the column defaults of the `queues`
 //! table, so "restore the default" is SQL's `DEFAULT`. Merge mode touches only
 //! the options given (an explicit `null` restores that option's default);
-//! replace mode resets every option not given. The answer echoes the row as
-//! stored.
+//! replace mode resets every option not given. The one exception is the
+//! lease of a queue a push or pop created: its first configure gives it the
+//! configured default unless it names one (seeds/pop-routes.md: 60 s
+//! implicit, 300 s "created or updated through /api/v1/configure"). The
+//! answer echoes the row as stored.
 
 use deadpool_postgres::Pool;
 use serde_json::{json, Map, Value};
@@ -194,10 +197,19 @@ pub async fn apply(pool: &Pool, req: &Request) -> Result<Value, DbError> {
                 updates.push(format!("{column} = DEFAULT"));
             }
         }
+    } else if !given.contains(&"lease_time") {
+        // A configured queue's lease defaults to the column default (300 s),
+        // an implicit queue's is 60 s: the first configure of an implicit
+        // queue moves it to the configured default (migration 0021).
+        // EXCLUDED.lease_time is the insert's value: the column default.
+        updates.push("lease_time = CASE WHEN q.configured_at IS NULL THEN EXCLUDED.lease_time ELSE q.lease_time END".into());
     }
+    columns.push("configured_at".into());
+    values.push("now()".into());
+    updates.push("configured_at = now()".into());
     updates.push("updated_at = now()".into());
     let sql = format!(
-        "INSERT INTO queen.queues ({}) VALUES ({}) ON CONFLICT (name) DO UPDATE SET {} RETURNING *",
+        "INSERT INTO queen.queues AS q ({}) VALUES ({}) ON CONFLICT (name) DO UPDATE SET {} RETURNING *",
         columns.join(", "),
         values.join(", "),
         updates.join(", ")

@@ -46,6 +46,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(18, "0018_one_pass_claim_lean_ack.sql"),
     migration!(19, "0019_fenced_ack.sql"),
     migration!(20, "0020_auto_ack_fresh_budget.sql"),
+    migration!(21, "0021_configured_queues.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

@@ -4,8 +4,6 @@
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
 
 use super::error::ApiError;
 use super::AppState;
@@ -30,6 +28,9 @@ async fn serve(state: &AppState, route: Route, pairs: &[(String, String)]) -> Re
         Err(e) => Err(e.into()),
     }
 }
+
+/// A discovery pop naming neither label (seeds/pop-routes.md, to the byte).
+const DISCOVERY_REFUSAL: &str = r#"{"success":false,"error":"namespace or task is required","messages":[]}"#;
 
 fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
     crate::push::validate::check_name(name).map_err(|p| ApiError::BadRequest(format!("{what}: {p}")))
@@ -59,9 +60,11 @@ pub async fn pop_discovery(State(state): State<AppState>, RawQuery(q): RawQuery)
     let label = |k: &str| pairs.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
     let (namespace, task) = (label("namespace"), label("task"));
     if namespace.is_none() && task.is_none() {
+        // The documented bytes, key order included (a JSON map would sort them).
         return Ok((
             StatusCode::BAD_REQUEST,
-            Json(json!({"success": false, "error": "namespace or task is required", "messages": []})),
+            [(header::CONTENT_TYPE, "application/json")],
+            DISCOVERY_REFUSAL,
         )
             .into_response());
     }

@@ -441,3 +441,33 @@ impl Broker {
         (r.get(0), r.get(1), r.get(2))
     }
 }
+
+/// The two candidate modes every seed statement must hold in: the broker's
+/// hot-list (the default) and the SQL candidate scan (`QUEEN_HOTLIST=false`).
+pub const CANDIDATE_MODES: [(&str, &str); 2] = [("hot-list", "true"), ("SQL scan", "false")];
+
+/// One broker per candidate mode, each on its own database, with `env` besides.
+pub async fn brokers_in_both_modes(env: &[(&str, &str)]) -> Vec<(&'static str, Broker)> {
+    let mut out = Vec::new();
+    for (mode, hotlist) in CANDIDATE_MODES {
+        let mut all = vec![("QUEEN_HOTLIST", hotlist)];
+        all.extend_from_slice(env);
+        out.push((mode, Broker::start_with(&all).await));
+    }
+    out
+}
+
+impl Broker {
+    /// GET a path: status and the body's exact bytes.
+    pub async fn get_bytes(&self, path: &str) -> (u16, Vec<u8>) {
+        let r = self.http.get(format!("{}{}", self.url, path)).send().await.unwrap();
+        (r.status().as_u16(), r.bytes().await.unwrap().to_vec())
+    }
+
+    /// A queue's row as `GET /api/v1/resources/queues/{q}` shows its options.
+    pub async fn queue_options(&self, queue: &str) -> serde_json::Value {
+        let (status, body) = self.get(&format!("/api/v1/resources/queues/{queue}")).await;
+        assert_eq!(status, 200, "{body}");
+        body["options"].clone()
+    }
+}

@@ -1,0 +1,11 @@
+-- When a queue last went through /api/v1/configure (NULL: created implicitly
+-- by a push or a pop, and never configured since).
+--
+-- The seeds give a queue's lease two defaults: 60 seconds for a queue created
+-- implicitly, 300 for one "created or updated through /api/v1/configure".
+-- A configure that names no leaseTime therefore moves an implicit queue's 60
+-- to the column default, 300, while a queue configured before keeps whatever
+-- lease it was given (configure merges: options not named stay). Queues
+-- configured before this column existed read as implicit until their next
+-- configure.
+ALTER TABLE queen.queues ADD COLUMN configured_at timestamptz;
