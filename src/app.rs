@@ -132,7 +132,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     if config.pop.hotlist {
         pop.spawn_reseeder(stop_services.subscribe());
     }
-    pop.min_wait.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
+    pop.settings.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
     spawn_maintenance(&config, &store.pool, &stop_services);
     spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());
     let spool = match crate::push::spool::SpoolOwner::of(&store.pool)

@@ -174,6 +174,29 @@ pub async fn pending_partitions_many(
     Ok(out)
 }
 
+/// Messages `group` could claim from `queue` now (unleased partitions past
+/// their cursor; a partition without a cursor counts its whole log), counted
+/// over at most `cap` such partitions: enough to tell "fewer than a batch of
+/// `cap`" without walking every partition of a large queue.
+const PENDING_COUNT_SQL: &str = "SELECT COALESCE(sum(x.n), 0)::bigint FROM (
+        SELECT p.last_offset - COALESCE(c.committed, -1) AS n
+        FROM queen.queues q
+        JOIN queen.partitions p ON p.queue_id = q.id
+        LEFT JOIN queen.consumers c ON c.partition_id = p.id AND c.consumer_group = $2
+        WHERE q.name = $1 AND p.last_offset > COALESCE(c.committed, -1)
+          AND (c.worker_id IS NULL OR c.lease_expires_at IS NULL OR c.lease_expires_at < clock_timestamp())
+        LIMIT $3) x";
+
+pub async fn pending_count(
+    client: &deadpool_postgres::Client,
+    queue: &str,
+    group: &str,
+    cap: i32,
+) -> Result<u64, tokio_postgres::Error> {
+    let rows = query(client, PENDING_COUNT_SQL, &[&queue, &group, &i64::from(cap.max(1))]).await?;
+    Ok(rows.first().map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
+}
+
 /// The cheap probe of the SQL path: `Some(false)` = definitively nothing to
 /// deliver; `None` = the queue does not exist yet (the pop must provision it).
 pub async fn has_pending(

@@ -14,6 +14,7 @@ pub mod min_wait;
 pub mod params;
 pub mod render;
 pub mod reseeder;
+pub mod settings;
 pub mod wake;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,7 +83,7 @@ pub struct PopService {
     pool_wait: Duration,
     pub hotlist: Arc<HotList>,
     pub wake: Arc<WakeGates>,
-    pub min_wait: Arc<min_wait::MinPopWait>,
+    pub settings: Arc<settings::QueueSettings>,
     registry: Arc<crate::ack::AckRegistry>,
     telemetry: Arc<crate::metrics::Telemetry>,
     /// Claims running at once; the limit follows PostgreSQL's latency.
@@ -114,7 +115,7 @@ impl PopService {
             cfg,
             pool_wait,
             wake: Arc::new(WakeGates::default()),
-            min_wait: Arc::new(min_wait::MinPopWait::default()),
+            settings: Arc::new(settings::QueueSettings::default()),
             registry,
             telemetry: crate::metrics::Telemetry::global(),
             permits,
@@ -175,12 +176,11 @@ impl PopService {
         let mut held = false;
         loop {
             if let (Route::Wildcard { queue }, false) = (route, held) {
-                if p.wait && p.batch > 1 && self.cfg.hotlist {
-                    if let Some(window) = self.min_wait.window(queue) {
-                        held = min_wait::hold_for_a_fuller_batch(
-                            &self.hotlist, &gate, queue, &p.group, p.batch, window, deadline,
-                        )
-                        .await;
+                if p.wait && p.batch > 1 {
+                    if let Some(window) = self.settings.min_pop_wait(queue) {
+                        let pending = || self.pending(queue, &p.group, p.batch);
+                        // Boxed, as the claim below: a parked pop should not carry it.
+                        held = Box::pin(min_wait::hold_for_a_fuller_batch(&gate, p.batch, window, deadline, pending)).await;
                     }
                 }
             }
@@ -243,6 +243,20 @@ impl PopService {
                 self.telemetry.delivered(lag, s.take);
             }
         }
+    }
+
+    /// How many messages `group` could claim from `queue`, counted up to
+    /// `batch`: the ring's count when it has one, else PostgreSQL's (one
+    /// statement on a pooled connection, no permit: it claims nothing).
+    /// `None` when neither can say.
+    async fn pending(&self, queue: &str, group: &str, batch: i32) -> Option<u64> {
+        if self.cfg.hotlist {
+            if let Some(n) = self.hotlist.estimate(queue, group) {
+                return Some(n);
+            }
+        }
+        let client = self.connection().await.ok()?;
+        claim::pending_count(&client, queue, group, batch).await.ok()
     }
 
     /// Ready candidates across every ring (a gauge).
