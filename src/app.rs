@@ -129,6 +129,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let ack = Arc::new(AckService::new(store.pool.clone(), registry));
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
+    pop.spawn_wheel(stop_services.subscribe());
     if config.pop.hotlist {
         pop.spawn_reseeder(stop_services.subscribe());
     }

@@ -151,6 +151,14 @@ enum Scenario {
         /// How long the pop is parked before the push, in ms
         #[arg(long, default_value_t = 50)]
         park_ms: u64,
+        /// The queue's delayedProcessing in seconds: latency is then measured
+        /// from the moment the message becomes visible (push + delay)
+        #[arg(long, default_value_t = 0)]
+        delayed_s: u64,
+        /// The queue's windowBuffer in seconds: each push then carries a whole
+        /// batch, so the broker's hold should end as it lands
+        #[arg(long, default_value_t = 0)]
+        window_s: u64,
     },
 }
 
@@ -166,7 +174,9 @@ async fn main() {
             push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, binary, dedup_window)
                 .await
         }
-        Scenario::Wake { trials, park_ms } => wake(&cli.url, trials, Duration::from_millis(park_ms)).await,
+        Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
+            wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
+        }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
         Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size } => {
             let mode = match (auto_ack, frames) {
@@ -196,10 +206,20 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
-async fn wake(url: &str, trials: usize, park: Duration) {
+/// Messages a wake trial's pop asks for (and a window trial pushes at once).
+const WAKE_BATCH: usize = 10;
+
+async fn wake(url: &str, trials: usize, park: Duration, delayed: Duration, window_s: u64) {
     let queue = format!("bench.wake.{}", uuid::Uuid::now_v7().simple());
     let client = reqwest::Client::new();
-    let pop_url = format!("{url}/api/v1/pop/queue/{queue}?wait=true&timeout=10000&autoAck=true&batch=10");
+    if !delayed.is_zero() || window_s > 0 {
+        let body = json!({"queue": queue, "options": {"delayedProcessing": delayed.as_secs(), "windowBuffer": window_s}});
+        let r = client.post(format!("{url}/api/v1/configure")).json(&body).send().await.expect("broker reachable");
+        assert!(r.status().is_success(), "configure answered {}", r.status());
+    }
+    let per_push = if window_s > 0 { WAKE_BATCH } else { 1 };
+    let timeout_ms = 10_000 + delayed.as_millis();
+    let pop_url = format!("{url}/api/v1/pop/queue/{queue}?wait=true&timeout={timeout_ms}&autoAck=true&batch={WAKE_BATCH}");
     // First contact outside the measurement.
     let _ = client.get(format!("{url}/api/v1/pop/queue/{queue}?autoAck=true")).send().await;
     let (mut from_send, mut from_commit) = (Vec::new(), Vec::new());
@@ -216,10 +236,11 @@ async fn wake(url: &str, trials: usize, park: Duration) {
             })
         };
         tokio::time::sleep(park).await;
-        let sent = Instant::now();
-        let body = json!({"items": [{"queue": queue, "payload": i}]});
-        let r = client.post(format!("{url}/api/v1/push")).json(&body).send().await;
-        let committed = Instant::now();
+        // A delayed message is due at its visibility time: lateness counts from there.
+        let sent = Instant::now() + delayed;
+        let items: Vec<serde_json::Value> = (0..per_push).map(|k| json!({"queue": queue, "payload": i * per_push + k})).collect();
+        let r = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await;
+        let committed = Instant::now() + delayed;
         if !matches!(r, Ok(ref r) if r.status().as_u16() == 201) {
             missed += 1;
             continue;
@@ -234,10 +255,15 @@ async fn wake(url: &str, trials: usize, park: Duration) {
     }
     from_send.sort();
     from_commit.sort();
-    println!("scenario  trials  measured-from        p50 ms   p90 ms   p99 ms   max ms   missed");
-    for (label, v) in [("push sent", &from_send), ("push answered 201", &from_commit)] {
+    let label = match (delayed.is_zero(), window_s) {
+        (false, _) => format!("delayed {} s", delayed.as_secs()),
+        (true, 0) => "plain".to_string(),
+        (true, w) => format!("window {w} s, full batch"),
+    };
+    println!("scenario  trials  queue                measured-from        p50 ms   p90 ms   p99 ms   max ms   missed");
+    for (from, v) in [("push sent", &from_send), ("push answered 201", &from_commit)] {
         println!(
-            "wake      {trials:<7} {label:<20} {:<8.2} {:<8.2} {:<8.2} {:<8.2} {missed}",
+            "wake      {trials:<7} {label:<20} {from:<20} {:<8.2} {:<8.2} {:<8.2} {:<8.2} {missed}",
             percentile_ms(v, 0.5),
             percentile_ms(v, 0.9),
             percentile_ms(v, 0.99),
@@ -246,7 +272,7 @@ async fn wake(url: &str, trials: usize, park: Duration) {
     }
     println!(
         "{}",
-        json!({"scenario": "wake", "trials": trials, "missed": missed,
+        json!({"scenario": "wake", "queue": label, "trials": trials, "missed": missed,
                "from_push_sent_ms": {"p50": percentile_ms(&from_send, 0.5), "p90": percentile_ms(&from_send, 0.9),
                                      "p99": percentile_ms(&from_send, 0.99), "max": percentile_ms(&from_send, 1.0)},
                "from_push_answered_ms": {"p50": percentile_ms(&from_commit, 0.5), "p90": percentile_ms(&from_commit, 0.9),

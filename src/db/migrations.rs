@@ -47,6 +47,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(19, "0019_fenced_ack.sql"),
     migration!(20, "0020_auto_ack_fresh_budget.sql"),
     migration!(21, "0021_configured_queues.sql"),
+    migration!(22, "0022_claim_visibility.sql"),
 ];
 
 /// Arbitrary constant naming the migration lock among advisory locks.

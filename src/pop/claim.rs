@@ -36,11 +36,31 @@ pub struct ClaimedPartition {
     pub segments: Vec<SegmentSlice>,
 }
 
+/// A partition a visibility option hid, and when its head becomes claimable
+/// (PostgreSQL's clock), for the revisit wheel.
+#[derive(Debug, Clone)]
+pub struct Hidden {
+    pub partition_id: i64,
+    pub partition: String,
+    pub queue: String,
+    pub visible_at: DateTime<Utc>,
+}
+
 /// The outcome of one round trip.
 #[derive(Debug, Default)]
 pub struct ClaimResult {
     pub claimed: Vec<ClaimedPartition>,
     pub verdicts: HashMap<i64, Verdict>,
+    pub hidden: Vec<Hidden>,
+}
+
+impl ClaimResult {
+    /// Adds another round trip's outcome (the window claims go one partition at a time).
+    pub fn absorb(&mut self, other: ClaimResult) {
+        self.claimed.extend(other.claimed);
+        self.verdicts.extend(other.verdicts);
+        self.hidden.extend(other.hidden);
+    }
 }
 
 /// A claim statement twice: as it is, and for a claim whose commit need not
@@ -69,6 +89,11 @@ claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v2($1, $2, $3, $4, $5, $6, $7,
 claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
 claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
 claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+// One partition of a windowBuffer queue whose hold the broker timed itself:
+// the claim with the SQL debounce skipped (migration 0022), named as the
+// list functions name their rows.
+claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_partition, $11::text AS o_queue, c.*
+    FROM queen.pop_claim_v2($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
 const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
 const RESEED_MANY_SQL: &str = "SELECT o_ring, o_partition_id, o_partition FROM queen.hotlist_seed_many_v1($1, $2)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v1($1, $2, $3, $4)";
@@ -130,6 +155,25 @@ pub async fn claim_candidates(
     let one = deep || p.batch == 1 || p.partitions == 1 || pids.len() == 1;
     let sql = if one { ONE_SQL } else { LIST_SQL };
     Ok(assemble(query(client, sql[p.async_commit as usize], &args).await?))
+}
+
+/// The hot-list claim of one partition of a windowBuffer queue, once the
+/// broker's hold of it ended (`pop::wheel`): the SQL debounce is skipped.
+pub async fn claim_window(
+    client: &deadpool_postgres::Client,
+    pid: i64,
+    queue: &str,
+    partition: &str,
+    p: &PopParams,
+    worker: &str,
+    budget: i32,
+) -> Result<ClaimResult, tokio_postgres::Error> {
+    let skip_window_debounce = true;
+    let args: [&(dyn ToSql + Sync); 11] = [
+        &pid, &p.group, &worker, &p.lease_seconds, &p.auto_ack, &budget, &p.intent_mode, &p.intent_from, &skip_window_debounce,
+        &partition, &queue,
+    ];
+    Ok(assemble(query(client, WINDOW_SQL[p.async_commit as usize], &args).await?))
 }
 
 /// A first contact of the pop's group with `queue` (creating the queue if
@@ -257,7 +301,17 @@ fn assemble(rows: Vec<Row>) -> ClaimResult {
                 Verdict::Claimed
             }
             "busy" => Verdict::Busy,
-            "deferred" => Verdict::Deferred,
+            "deferred" => {
+                if let Some(visible_at) = row.get::<_, Option<DateTime<Utc>>>("o_created_at") {
+                    result.hidden.push(Hidden {
+                        partition_id: pid,
+                        partition: row.get::<_, Option<String>>("o_partition").unwrap_or_default(),
+                        queue: row.get::<_, Option<String>>("o_queue").unwrap_or_default(),
+                        visible_at,
+                    });
+                }
+                Verdict::Deferred
+            }
             _ => Verdict::Empty,
         };
         result.verdicts.insert(pid, verdict);

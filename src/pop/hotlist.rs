@@ -245,6 +245,19 @@ impl HotList {
         }
     }
 
+    /// Offers a partition to every ring of `queue` again, its depth unknown
+    /// (the revisit wheel: a hidden head has become visible).
+    pub fn reoffer(&self, queue: &str, pid: i64, partition: &str) {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        if let Some(groups) = rings.get_mut(queue) {
+            let name: Arc<str> = Arc::from(partition);
+            for ring in groups.values_mut() {
+                ring.offer(pid, &name);
+                ring.estimates.insert(pid, None);
+            }
+        }
+    }
+
     /// Messages believed ready to claim for (queue, group): `None` when the
     /// ring cannot say (no ring, or a ready member of unknown depth).
     pub fn estimate(&self, queue: &str, group: &str) -> Option<u64> {
@@ -441,6 +454,11 @@ pub struct Checkout {
 impl Checkout {
     pub fn pids(&self) -> Vec<i64> {
         self.candidates.iter().map(|(p, _)| *p).collect()
+    }
+
+    /// The candidates, with their partition names, in checkout order.
+    pub fn candidates(&self) -> &[(i64, Arc<str>)] {
+        &self.candidates
     }
 
     pub fn is_empty(&self) -> bool {

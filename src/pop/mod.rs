@@ -16,6 +16,7 @@ pub mod render;
 pub mod reseeder;
 pub mod settings;
 pub mod wake;
+pub mod wheel;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -84,6 +85,8 @@ pub struct PopService {
     pub hotlist: Arc<HotList>,
     pub wake: Arc<WakeGates>,
     pub settings: Arc<settings::QueueSettings>,
+    /// Revisits of partitions a visibility option hides (`pop::wheel`).
+    pub wheel: Arc<wheel::Wheel>,
     registry: Arc<crate::ack::AckRegistry>,
     telemetry: Arc<crate::metrics::Telemetry>,
     /// Claims running at once; the limit follows PostgreSQL's latency.
@@ -116,6 +119,7 @@ impl PopService {
             pool_wait,
             wake: Arc::new(WakeGates::default()),
             settings: Arc::new(settings::QueueSettings::default()),
+            wheel: Arc::new(wheel::Wheel::default()),
             registry,
             telemetry: crate::metrics::Telemetry::global(),
             permits,
@@ -152,6 +156,19 @@ impl PopService {
     pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
         self.hotlist.pushed(queue, partition_id, partition, count);
         self.wake.pushed(queue);
+        if let Some(t) = self.settings.get(queue) {
+            if !t.delayed.is_zero() {
+                self.wheel.delayed_push(queue, partition_id, partition, t.delayed);
+            }
+            if !t.window.is_zero() && self.cfg.hotlist {
+                self.wheel.window_push(queue, partition_id, partition, t.window);
+            }
+        }
+    }
+
+    /// Starts the revisit wheel's task.
+    pub fn spawn_wheel(&self, shutdown: tokio::sync::broadcast::Receiver<()>) {
+        self.wheel.spawn(self.hotlist.clone(), self.wake.clone(), shutdown);
     }
 
     /// Serves one pop request: `Ok(None)` means answer 204; the bool says
@@ -192,6 +209,9 @@ impl PopService {
             // and a parked pop (10,000 of them on an idle broker) should not
             // carry it while it sleeps.
             let (result, ring_idle) = Box::pin(self.attempt(route, p, &lease_id)).await?;
+            for h in &result.hidden {
+                self.wheel.deferred(&h.queue, h.partition_id, &h.partition, h.visible_at);
+            }
             if p.frames {
                 // Frames skip decoding entirely, so the ack registry has
                 // nothing to learn: acks resolve through the index.
@@ -353,6 +373,9 @@ impl PopService {
         p: &PopParams,
         worker: &str,
     ) -> Result<ClaimResult, PopError> {
+        if self.settings.get(queue).is_some_and(|t| !t.window.is_zero()) {
+            return self.claim_window_ring(client, queue, p, worker).await;
+        }
         let mut looks = 0;
         loop {
             let checkout = self.hotlist.checkout(queue, &p.group, p.ring_candidates());
@@ -377,6 +400,46 @@ impl PopService {
                 return Ok(result);
             }
         }
+    }
+
+    /// The hot-list claim of a windowBuffer queue: the broker times the hold
+    /// (`pop::wheel`). A candidate still held is passed over (back to the
+    /// ring, deferred) unless what is pending already fills the batch; the
+    /// others are claimed one at a time with the SQL debounce skipped, and a
+    /// claim closes the partition's window.
+    async fn claim_window_ring(
+        &self,
+        client: &deadpool_postgres::Client,
+        queue: &str,
+        p: &PopParams,
+        worker: &str,
+    ) -> Result<ClaimResult, PopError> {
+        let checkout = self.hotlist.checkout(queue, &p.group, p.ring_candidates());
+        let mut result = ClaimResult::default();
+        if checkout.is_empty() {
+            return Ok(result);
+        }
+        let held: Vec<bool> = checkout.candidates().iter().map(|(pid, _)| self.wheel.window_held(queue, *pid)).collect();
+        let full = held.iter().any(|h| *h) && claim::pending_count(client, queue, &p.group, p.batch).await? >= p.batch as u64;
+        let (mut left, mut claimed) = (p.batch, 0);
+        for ((pid, name), held) in checkout.candidates().iter().zip(held) {
+            if left <= 0 || (p.partitions > 0 && claimed >= p.partitions) {
+                break; // unvisited: back at the ring's head
+            }
+            if held && !full {
+                result.verdicts.insert(*pid, hotlist::Verdict::Deferred);
+                continue;
+            }
+            let one = claim::claim_window(client, *pid, queue, name, p, worker, left).await?;
+            for c in &one.claimed {
+                left -= (c.last - c.first + 1) as i32;
+                claimed += 1;
+                self.wheel.window_claimed(queue, c.partition_id);
+            }
+            result.absorb(one);
+        }
+        checkout.settle(&result.verdicts, None);
+        Ok(result)
     }
 
     /// Permits are always taken before connections (as `claim_from_ring`
