@@ -351,17 +351,15 @@ struct Runner<'a> {
     pids: [Option<i64>; PARTITIONS],
     /// The broker's committed offsets after the previous step.
     last_committed: HashMap<(usize, usize), i64>,
-    /// The broker serves queue-wide pops from its hot-list.
-    hot_list: bool,
 }
 
 impl<'a> Runner<'a> {
-    async fn new(b: &'a Broker, run: usize, hot_list: bool) -> Runner<'a> {
+    async fn new(b: &'a Broker, run: usize) -> Runner<'a> {
         let names = Names::new(run);
         let (status, body) =
             b.post("/api/v1/configure", json!({"queue": names.queue, "options": {"retryLimit": RETRY_LIMIT, "leaseTime": 300}})).await;
         assert_eq!(status, 200, "{body}");
-        Runner { b, sql: b.sql().await, names, model: Model::default(), pids: [None; PARTITIONS], last_committed: HashMap::new(), hot_list }
+        Runner { b, sql: b.sql().await, names, model: Model::default(), pids: [None; PARTITIONS], last_committed: HashMap::new() }
     }
 
     fn part_of(&self, pid: i64) -> Option<usize> {
@@ -526,12 +524,7 @@ impl<'a> Runner<'a> {
         };
         let any = candidates.iter().any(|&p| self.model.claimable(group, p));
         let Some(body) = r.body.filter(|_| r.status == 200) else {
-            // A queue-wide pop on the hot-list checks out 2 × `partitions`
-            // candidates and may find only leased ones while a third partition
-            // waits (issue 35 §3 weighs the seeds' 16): a false empty, which
-            // changes nothing the commit path keeps, so it is not this test's.
-            let hot_list_miss = self.hot_list && part.is_none() && r.status == 204;
-            check!(step, hot_list_miss || (!any && matches!(r.status, 204 | 404)), "pop {path} of group {group} answered {} while the model has messages", r.status);
+            check!(step, !any && matches!(r.status, 204 | 404), "pop {path} of group {group} answered {} while the model has messages", r.status);
             return Ok(());
         };
         let msgs = body["messages"].as_array().cloned().unwrap_or_default();
@@ -679,20 +672,14 @@ impl<'a> Runner<'a> {
 
 static RUNS: AtomicUsize = AtomicUsize::new(0);
 
-/// A broker under test and whether it serves from the hot-list.
-struct Subject {
-    broker: Broker,
-    hot_list: bool,
-}
-
-async fn run_once(b: &Subject, ops: &[Op]) -> Result<(), Failure> {
+async fn run_once(b: &Broker, ops: &[Op]) -> Result<(), Failure> {
     let run = RUNS.fetch_add(1, Ordering::SeqCst);
-    Runner::new(&b.broker, run, b.hot_list).await.run(ops).await
+    Runner::new(b, run).await.run(ops).await
 }
 
 /// Removes ops while the sequence still fails: chunks first, then single
 /// ops, within a bounded number of re-runs.
-async fn shrink(b: &Subject, mut ops: Vec<Op>, mut failure: Failure) -> (Vec<Op>, Failure) {
+async fn shrink(b: &Broker, mut ops: Vec<Op>, mut failure: Failure) -> (Vec<Op>, Failure) {
     ops.truncate(failure.step + 1);
     let mut budget = 300;
     let mut chunk = ops.len() / 2;
@@ -716,7 +703,7 @@ async fn shrink(b: &Subject, mut ops: Vec<Op>, mut failure: Failure) -> (Vec<Op>
     (ops, failure)
 }
 
-async fn check_seeds(b: Arc<Subject>, seeds: Vec<u64>, len: usize, mode: &'static str) {
+async fn check_seeds(b: Arc<Broker>, seeds: Vec<u64>, len: usize, mode: &'static str) {
     // Four sequences at a time on one broker: each has its own queue and groups.
     let mut tasks = Vec::new();
     for lane in 0..4 {
@@ -755,8 +742,8 @@ async fn model_run(sequences: usize, len: usize) {
     };
     // Both candidate modes: the hot-list and the SQL scan, half the seeds each.
     let (hot, sql): (Vec<u64>, Vec<u64>) = seeds.iter().partition(|s| *s % 2 == 1);
-    let hot_broker = Arc::new(Subject { broker: Broker::start().await, hot_list: true });
-    let sql_broker = Arc::new(Subject { broker: Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await, hot_list: false });
+    let hot_broker = Arc::new(Broker::start().await);
+    let sql_broker = Arc::new(Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await);
     tokio::join!(check_seeds(hot_broker, hot, len, "hot-list"), check_seeds(sql_broker, sql, len, "SQL scan"));
 }
 

@@ -36,17 +36,17 @@ async fn min_pop_wait_holds_every_under_full_pop_that_asked_to_block() {
     for (mode, b) in brokers_in_both_modes(&[]).await {
         b.pop("/api/v1/pop/queue/mw").await; // the queue exists, as in the reproduction
         min_pop_wait(&b, "mw", WINDOW.as_millis() as i64).await;
-        // (case, partition pushed to, query, messages delivered): a new
-        // group reads all of partition p, 3 messages from each case before it
-        // but the one on partition fresh (one partition per pop).
-        let cases: [(&str, &str, &str, usize); 7] = [
-            ("the first pop", "p", "batch=10&autoAck=true", 3),
-            ("a later pop", "p", "batch=10&autoAck=true", 3),
-            ("a leased pop", "p", "batch=10", 3),
-            ("a pop on a new partition", "fresh", "batch=10&autoAck=true", 3),
-            ("a pop at batch 100", "p", "batch=100&autoAck=true", 3),
-            ("a new group's first pop", "p", "batch=100&consumerGroup=newcomers", 15),
-            ("a later pop of that group", "p", "batch=10&consumerGroup=newcomers&autoAck=true", 3),
+        // (case, partition pushed to, query, messages it may deliver): a new
+        // group reads one partition's whole log (one partition per pop):
+        // p's 15 messages, or fresh's 3 (the SQL scan picks at random).
+        let cases: [(&str, &str, &str, &[usize]); 7] = [
+            ("the first pop", "p", "batch=10&autoAck=true", &[3]),
+            ("a later pop", "p", "batch=10&autoAck=true", &[3]),
+            ("a leased pop", "p", "batch=10", &[3]),
+            ("a pop on a new partition", "fresh", "batch=10&autoAck=true", &[3]),
+            ("a pop at batch 100", "p", "batch=100&autoAck=true", &[3]),
+            ("a new group's first pop", "p", "batch=100&consumerGroup=newcomers", &[15, 3]),
+            ("a later pop of that group", "p", "batch=10&consumerGroup=newcomers&autoAck=true", &[3]),
         ];
         for (what, partition, query, delivered) in cases {
             // Release whatever the previous case leased, so only the window holds this one.
@@ -54,7 +54,7 @@ async fn min_pop_wait_holds_every_under_full_pop_that_asked_to_block() {
             b.sql().await.execute("UPDATE queen.consumers SET committed = (SELECT last_offset FROM queen.partitions p WHERE p.id = partition_id)", &[]).await.unwrap();
             b.push_to("mw", partition, &[json!(1), json!(2), json!(3)]).await;
             let (data, took) = timed_pop(&b, &format!("/api/v1/pop/queue/mw?wait=true&timeout=10000&{query}")).await;
-            assert_eq!(data.len(), delivered, "{mode}, {what}: {data:?}");
+            assert!(delivered.contains(&data.len()), "{mode}, {what}: {data:?}");
             assert!(took >= WINDOW - Duration::from_millis(50), "{mode}, {what}: held {took:?}, not the window");
             assert!(took < Duration::from_secs(5), "{mode}, {what}: {took:?}");
         }

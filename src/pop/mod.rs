@@ -390,12 +390,15 @@ impl PopService {
             };
             checkout.settle(&result.verdicts, deep);
             // Candidates that were all empty (consumed elsewhere, or the
-            // ring's knowledge was stale) have just left the ring; what is
-            // still ready may hold work, so look again before answering empty.
+            // ring's knowledge was stale) have just left the ring, and ones
+            // leased by other consumers went to its tail; what is still ready
+            // may hold work, so look again before answering empty (a pop of
+            // three partitions, two of them leased, answered 204 while the
+            // third waited: the model-based test of the commit path found it).
             looks += 1;
             let stale = result.claimed.is_empty()
                 && !result.verdicts.is_empty()
-                && result.verdicts.values().all(|v| *v == hotlist::Verdict::Empty);
+                && result.verdicts.values().all(|v| matches!(v, hotlist::Verdict::Empty | hotlist::Verdict::Busy));
             if !stale || looks >= STALE_LOOKS || self.hotlist.ready_len(queue, &p.group) == 0 {
                 return Ok(result);
             }
