@@ -95,3 +95,159 @@ async fn min_pop_wait_ends_at_the_first_of_batch_full_window_or_deadline_and_nev
         }
     }
 }
+
+/// The committed offset and lease holder of every cursor of `group` on `queue`.
+async fn cursors(b: &Broker, queue: &str, group: &str) -> Vec<(String, i64, Option<String>, i32)> {
+    b.sql()
+        .await
+        .query(
+            "SELECT p.name, c.committed, c.worker_id, c.retry_count FROM queen.consumers c
+             JOIN queen.partitions p ON p.id = c.partition_id JOIN queen.queues q ON q.id = p.queue_id
+             WHERE q.name = $1 AND c.consumer_group = $2 ORDER BY p.name",
+            &[&queue, &group],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect()
+}
+
+fn txns(body: &Value) -> Vec<String> {
+    body["messages"].as_array().unwrap().iter().map(|m| m["transactionId"].as_str().unwrap().to_string()).collect()
+}
+
+/// "A consumer group is a name. Each group holds one cursor per partition, so
+/// two groups read the same messages independently ... Nothing has to be
+/// created first: the group's rows appear on its first pop."
+#[tokio::test]
+async fn a_group_is_a_name_whose_cursors_appear_on_its_first_pop_and_groups_read_independently() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("g", "p", &[json!(1), json!(2)]).await;
+        assert!(cursors(&b, "g", "billing").await.is_empty(), "{mode}: nothing exists before the first pop");
+        let billing = b.pop("/api/v1/pop/queue/g?consumerGroup=billing&autoAck=true").await;
+        assert_eq!(billing.data(), [json!(1), json!(2)], "{mode}");
+        assert_eq!(cursors(&b, "g", "billing").await, [("p".to_string(), 1, None, 0)], "{mode}: its cursor, moved by autoAck");
+        let analytics = b.pop("/api/v1/pop/queue/g?consumerGroup=analytics&autoAck=true").await;
+        assert_eq!(analytics.data(), [json!(1), json!(2)], "{mode}: the other group reads the same messages");
+    }
+}
+
+/// "Omitting `consumerGroup` puts you in the implicit group `__QUEUE_MODE__`.
+/// ... every consumer that omits the group shares one set of cursors, so a
+/// message is delivered to exactly one of them." And "Queue mode always reads
+/// from the beginning ... `subscriptionMode=new` does not skip the backlog".
+#[tokio::test]
+async fn queue_mode_consumers_share_one_cursor_each_message_to_one_of_them_from_the_beginning() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        for p in ["a", "b"] {
+            let items: Vec<Value> = (0..3).map(|n| json!({"queue": "qm", "partition": p, "payload": n, "transactionId": format!("{p}{n}")})).collect();
+            assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+        }
+        let first = b.pop("/api/v1/pop/queue/qm?batch=10&subscriptionMode=new").await.body.expect("the backlog, despite new");
+        let second = b.pop("/api/v1/pop/queue/qm?batch=10").await.body.expect("the other partition");
+        assert_eq!(b.pop("/api/v1/pop/queue/qm?batch=10").await.status, 204, "{mode}: both partitions are leased");
+        let mut all = [txns(&first), txns(&second)].concat();
+        all.sort();
+        assert_eq!(all, ["a0", "a1", "a2", "b0", "b1", "b2"], "{mode}: each message to exactly one consumer");
+        assert_eq!(first["consumerGroup"], "__QUEUE_MODE__");
+    }
+}
+
+/// The parameter table: "`batch` | `200`", "`partitions` | `1`", "`autoAck` |
+/// `false`" ("Those are the values the broker applies when a parameter is
+/// absent").
+#[tokio::test]
+async fn a_pop_that_sends_no_parameters_takes_200_leased_messages_from_one_partition() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        let items: Vec<Value> = (0..250).map(|n| json!({"queue": "d", "partition": "big", "payload": n})).collect();
+        assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+        b.push_to("d", "small", &[json!("s")]).await;
+        let body = b.pop("/api/v1/pop/queue/d").await.body.expect("a batch");
+        let n = body["messages"].as_array().unwrap().len();
+        assert!(n == 200 || n == 1, "{mode}: {n}");
+        assert_eq!(body["partitionsClaimed"], 1, "{mode}");
+        assert!(!body["leaseId"].as_str().unwrap().is_empty(), "{mode}: leased, not autoAck");
+        let other = b.pop("/api/v1/pop/queue/d").await.body.expect("the other partition");
+        let m = other["messages"].as_array().unwrap().len();
+        assert_eq!(n + m, 201, "{mode}: 200 of the big one, and the small one");
+    }
+}
+
+/// "`timeout` | `30000` ms | ... The broker default comes from
+/// `DEFAULT_TIMEOUT`, falling back to `POP_DEFAULT_TIMEOUT_MS`, then to 30000."
+#[tokio::test]
+async fn the_long_poll_timeout_defaults_to_default_timeout_then_pop_default_timeout_ms() {
+    for (env, want) in [
+        (vec![("DEFAULT_TIMEOUT", "600"), ("POP_DEFAULT_TIMEOUT_MS", "5000")], 600),
+        (vec![("POP_DEFAULT_TIMEOUT_MS", "900")], 900),
+    ] {
+        for (mode, b) in brokers_in_both_modes(&env).await {
+            b.pop("/api/v1/pop/queue/t").await;
+            let started = Instant::now();
+            assert_eq!(b.pop("/api/v1/pop/queue/t?wait=true").await.status, 204, "{mode}");
+            let took = started.elapsed();
+            assert!(took >= Duration::from_millis(want - 50) && took < Duration::from_millis(want + 1500), "{mode} {env:?}: {took:?}");
+        }
+    }
+}
+
+/// "Sending `subscriptionMode` on later pops has no effect. The stored record
+/// wins, so a group that first connected with the default `all` will keep
+/// reading history no matter what subsequent pops ask for."
+#[tokio::test]
+async fn subscription_mode_on_later_pops_has_no_effect() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("s", "p", &[json!(1), json!(2), json!(3)]).await;
+        let first = b.pop("/api/v1/pop/queue/s?consumerGroup=g&batch=1&autoAck=true").await;
+        assert_eq!(first.data(), [json!(1)], "{mode}: all, the default");
+        b.push_to("s", "late", &[json!("late")]).await;
+        let later = b.pop("/api/v1/pop/queue/s/partition/p?consumerGroup=g&batch=10&autoAck=true&subscriptionMode=new").await;
+        assert_eq!(later.data(), [json!(2), json!(3)], "{mode}: history keeps coming");
+        let new_partition = b.pop("/api/v1/pop/queue/s?consumerGroup=g&batch=10&autoAck=true&subscriptionMode=new").await;
+        assert_eq!(new_partition.data(), [json!("late")], "{mode}: a later partition inherits the stored subscription");
+    }
+}
+
+/// "`createdAt` is the segment's timestamp, so all messages written by the
+/// same push share it to the microsecond."
+#[tokio::test]
+async fn messages_of_one_push_share_their_segments_created_at_to_the_microsecond() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("c", "p", &[json!(1), json!(2), json!(3)]).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        b.push_to("c", "p", &[json!(4)]).await;
+        let r = b.pop("/api/v1/pop/queue/c?batch=10&autoAck=true").await;
+        let at: Vec<String> = r.messages().iter().map(|m| m["createdAt"].as_str().unwrap().to_string()).collect();
+        assert_eq!(at.len(), 4, "{mode}");
+        assert!(at[0] == at[1] && at[1] == at[2], "{mode}: one push, one segment: {at:?}");
+        assert!(at[3] > at[2], "{mode}: a later push, a later segment: {at:?}");
+        assert_eq!(at[0].len(), "2026-07-30T09:12:44.881000Z".len(), "{mode}: microseconds and a Z: {}", at[0]);
+    }
+}
+
+/// "A lease carries an expiry. When it passes, the next pop for that
+/// (partition, group) re-delivers the same span from the cursor forward ...
+/// Redelivery caused by an expiry is counted as an attempt but does **not**
+/// consume the retry budget: only an explicit `failed` ack does."
+#[tokio::test]
+async fn an_expired_lease_redelivers_the_span_as_an_attempt_without_spending_the_retry_budget() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.post("/api/v1/configure", json!({"queue": "x", "options": {"retryLimit": 1}})).await;
+        b.push_to("x", "p", &[json!(1), json!(2)]).await;
+        let first = b.pop("/api/v1/pop/queue/x?batch=2&leaseSeconds=1&consumerGroup=g").await.body.expect("a batch");
+        tokio::time::sleep(Duration::from_millis(1100)).await; // the lease length is the rule under test
+        let again = b.pop("/api/v1/pop/queue/x?batch=2&consumerGroup=g").await.body.expect("redelivered");
+        assert_eq!(txns(&again), txns(&first), "{mode}: the same span");
+        assert_ne!(again["leaseId"], first["leaseId"]);
+        let c = cursors(&b, "x", "g").await;
+        assert_eq!((c[0].1, c[0].3), (-1, 0), "{mode}: the cursor did not move and no retry was spent");
+        let attempts: i32 = b.sql().await.query_one("SELECT attempt_count FROM queen.consumers WHERE consumer_group = 'g'", &[]).await.unwrap().get(0);
+        assert_eq!(attempts, 2, "{mode}: counted as an attempt");
+        // The whole budget is still there: one failed ack is a retry, not the DLQ.
+        let pid = again["partitionId"].as_str().unwrap();
+        let t0 = &txns(&again)[0];
+        let r = b.ack_batch(Some("g"), &[(t0, pid, "failed", Some(again["leaseId"].as_str().unwrap()))]).await;
+        assert_eq!((r[0]["success"].as_bool(), r[0]["dlq"].as_bool()), (Some(true), Some(false)), "{mode}: {r:?}");
+    }
+}
