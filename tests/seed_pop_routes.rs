@@ -91,3 +91,122 @@ async fn a_queue_scoped_pop_on_a_missing_queue_creates_its_row_before_answering_
         }
     }
 }
+
+/// "partitions caps how many partitions one call may claim. 0 or a negative
+/// value means no cap. It is ignored by the single-partition route, which by
+/// definition claims one." And "batch is the total message budget for the
+/// call, shared across every partition the pop touches".
+#[tokio::test]
+async fn partitions_caps_a_pop_no_cap_at_zero_or_below_ignored_by_the_single_partition_route() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        for p in ["a", "b", "c"] {
+            b.push_to("cap", p, &[json!(1), json!(2)]).await;
+        }
+        for (query, claimed, messages) in [("partitions=2&batch=100", 2, 4), ("partitions=0&batch=100", 3, 6), ("partitions=-1&batch=5", 3, 5)] {
+            let body = b.pop(&format!("/api/v1/pop/queue/cap?{query}&consumerGroup=g{claimed}{messages}&autoAck=true")).await.body.expect("a batch");
+            assert_eq!(body["partitionsClaimed"], claimed, "{mode} {query}");
+            assert_eq!(body["messages"].as_array().unwrap().len(), messages, "{mode} {query}: the batch is shared");
+        }
+        let body = b.pop("/api/v1/pop/queue/cap/partition/b?partitions=5&batch=100&consumerGroup=one").await.body.expect("b");
+        assert_eq!(body["partitionsClaimed"], 1, "{mode}");
+        assert!(body["messages"].as_array().unwrap().iter().all(|m| m["partition"] == "b"), "{mode}");
+    }
+}
+
+/// "Queue mode is an ordinary group with a reserved name: it has its own
+/// cursor like any other, and two consumers that both omit consumerGroup
+/// share it."
+#[tokio::test]
+async fn queue_mode_has_its_own_cursor_beside_the_named_groups() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("own", "p", &[json!(1), json!(2)]).await;
+        assert_eq!(b.pop("/api/v1/pop/queue/own?batch=1&autoAck=true").await.data(), [json!(1)], "{mode}");
+        assert_eq!(b.pop("/api/v1/pop/queue/own?batch=5&consumerGroup=named&autoAck=true").await.data(), [json!(1), json!(2)], "{mode}");
+        assert_eq!(b.pop("/api/v1/pop/queue/own?batch=5&autoAck=true").await.data(), [json!(2)], "{mode}: queue mode's own cursor");
+    }
+}
+
+/// "subscriptionFrom takes now or an ISO-8601 timestamp; an unparseable
+/// timestamp is ignored." And "subscriptionMode=all (the default) starts at
+/// the oldest retained message; new skips the existing backlog."
+#[tokio::test]
+async fn subscription_from_now_skips_the_backlog_and_an_unparseable_one_is_ignored() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("from", "p", &[json!("old")]).await;
+        let r = b.pop("/api/v1/pop/queue/from?consumerGroup=garbled&subscriptionFrom=not-a-time&autoAck=true").await;
+        assert_eq!((r.status, r.data()), (200, vec![json!("old")]), "{mode}: ignored, so all");
+        assert_eq!(b.pop("/api/v1/pop/queue/from?consumerGroup=now&subscriptionFrom=now").await.status, 204, "{mode}");
+        assert_eq!(b.pop("/api/v1/pop/queue/from?consumerGroup=fresh&subscriptionMode=new").await.status, 204, "{mode}");
+        b.push_to("from", "p", &[json!("new")]).await;
+        for g in ["now", "fresh"] {
+            let r = b.pop(&format!("/api/v1/pop/queue/from?consumerGroup={g}&autoAck=true")).await;
+            assert_eq!(r.data(), [json!("new")], "{mode} {g}: only what came after");
+        }
+    }
+}
+
+/// "What a popped message does not carry": no offset, no delivery or
+/// attempt count, no lease expiry, no queue name, no headers, no status,
+/// retry count or DLQ flag: exactly the ten documented fields. "on the
+/// discovery route the top-level queue is empty".
+#[tokio::test]
+async fn a_popped_message_carries_exactly_its_ten_fields_and_a_discovery_answer_names_no_queue() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("shop.orders", "p", &[json!({"n": 1})]).await;
+        let wild = b.pop("/api/v1/pop/queue/shop.orders?consumerGroup=g").await.body.expect("a batch");
+        let disc = b.pop("/api/v1/pop?namespace=shop&consumerGroup=d").await.body.expect("a batch");
+        assert_eq!(wild["queue"], "shop.orders", "{mode}");
+        assert_eq!(disc["queue"], "", "{mode}: the discovery answer's queue is empty");
+        let want: std::collections::BTreeSet<&str> =
+            ["id", "transactionId", "traceId", "data", "producerSub", "createdAt", "partitionId", "partition", "leaseId", "consumerGroup"].into();
+        for body in [&wild, &disc] {
+            let m = &body["messages"][0];
+            let keys: std::collections::BTreeSet<&str> = m.as_object().unwrap().keys().map(String::as_str).collect();
+            assert_eq!(keys, want, "{mode}: {m}");
+            assert!(!m["partitionId"].as_str().unwrap().is_empty(), "{mode}: acks need it");
+        }
+    }
+}
+
+/// "An empty pop is a 204 with no body ... 1. Nothing is available for this
+/// group. 2. Pop maintenance is on." And "A long poll that times out returns
+/// 204, not an error."
+#[tokio::test]
+async fn an_empty_pop_is_a_bare_204_when_nothing_is_there_under_pop_maintenance_and_after_a_long_poll() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        let bare = |path: &'static str| {
+            let b = &b;
+            async move {
+                let (status, body) = b.get_bytes(path).await;
+                assert_eq!((status, body.len()), (204, 0), "{mode} {path}");
+            }
+        };
+        bare("/api/v1/pop/queue/e").await;
+        bare("/api/v1/pop/queue/e?wait=true&timeout=200").await;
+        b.push_to("e", "p", &[json!(1)]).await;
+        assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": true})).await.0, 200);
+        bare("/api/v1/pop/queue/e").await;
+        assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": false})).await.0, 200);
+        assert_eq!(b.pop("/api/v1/pop/queue/e").await.status, 200, "{mode}: served again");
+    }
+}
+
+/// "A push wakes parked pops immediately: on the queue-scoped routes, a push
+/// to that queue; on the discovery route, any push within the same scope."
+#[tokio::test]
+async fn a_push_wakes_a_parked_discovery_pop_of_its_scope() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        assert_eq!(b.pop("/api/v1/pop?namespace=wake&consumerGroup=g").await.status, 204);
+        let url = format!("{}/api/v1/pop?namespace=wake&consumerGroup=g&wait=true&timeout=10000&autoAck=true", b.url);
+        let waiter = tokio::spawn(async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), std::time::Instant::now())
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        b.push_to("wake.up", "p", &[json!(1)]).await;
+        let pushed = std::time::Instant::now();
+        let (status, at) = waiter.await.unwrap();
+        assert_eq!(status, 200, "{mode}");
+        assert!(at.duration_since(pushed) < std::time::Duration::from_millis(500), "{mode}: woken, not re-checked: {:?}", at.duration_since(pushed));
+    }
+}
