@@ -89,3 +89,103 @@ async fn a_window_buffer_hold_ends_at_the_window_or_the_full_batch_on_the_hot_li
         }
     }
 }
+
+/// The committed offset of (queue, partition, group), if its cursor exists.
+async fn committed(b: &Broker, queue: &str, partition: &str, group: &str) -> Option<i64> {
+    b.sql()
+        .await
+        .query_opt(
+            "SELECT c.committed FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id
+             JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = $1 AND p.name = $2 AND c.consumer_group = $3",
+            &[&queue, &partition, &group],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// "The worker id is a freshly minted UUIDv7 per request, and on a leased pop
+/// it is what the client gets back as `leaseId`."
+#[tokio::test]
+async fn the_lease_id_is_a_uuid_v7_minted_per_request_and_written_as_the_worker_id() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("w", "a", &[json!(1)]).await;
+        b.push_to("w", "b", &[json!(2)]).await;
+        let one = b.pop("/api/v1/pop/queue/w?consumerGroup=g").await.body.expect("a batch");
+        let two = b.pop("/api/v1/pop/queue/w?consumerGroup=g").await.body.expect("the other partition");
+        let (l1, l2) = (one["leaseId"].as_str().unwrap(), two["leaseId"].as_str().unwrap());
+        assert_ne!(l1, l2, "{mode}: one per request");
+        for (lease, body) in [(l1, &one), (l2, &two)] {
+            assert_eq!(uuid::Uuid::parse_str(lease).unwrap().get_version_num(), 7, "{mode}");
+            let pid: i64 = body["partitionId"].as_str().unwrap().parse().unwrap();
+            let worker: String = b
+                .sql()
+                .await
+                .query_one("SELECT worker_id FROM queen.consumers WHERE partition_id = $1 AND consumer_group = 'g'", &[&pid])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(worker, lease, "{mode}");
+        }
+    }
+}
+
+/// "Step 3: subscription seeding, on first contact only ... The order of
+/// preference is: 1. The durable subscription record ... 2. The pop-carried
+/// intent, for a direct single-partition pop that never went through
+/// registration ... 3. Otherwise `committed = -1`: deliver everything
+/// retained. `__QUEUE_MODE__` is excluded from step 1 and 2 deliberately."
+#[tokio::test]
+async fn seeding_prefers_the_durable_record_then_a_targeted_pops_intent_then_the_beginning() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("seed", "p", &[json!("old")]).await;
+        // 2: a targeted pop of a group that never registered seeds from its intent.
+        assert_eq!(b.pop("/api/v1/pop/queue/seed/partition/p?consumerGroup=direct&subscriptionMode=new").await.status, 204, "{mode}");
+        assert_eq!(committed(&b, "seed", "p", "direct").await, Some(0), "{mode}: at the partition's end");
+        // 3: no intent, no record: the beginning.
+        let r = b.pop("/api/v1/pop/queue/seed/partition/p?consumerGroup=plain&autoAck=true").await;
+        assert_eq!(r.data(), [json!("old")], "{mode}");
+        // Queue mode ignores the intent.
+        let r = b.pop("/api/v1/pop/queue/seed/partition/p?subscriptionMode=new&autoAck=true").await;
+        assert_eq!(r.data(), [json!("old")], "{mode}: queue mode never skips backlog");
+        // 1: a group registered by a wildcard pop with mode all; a partition
+        // that appears later is seeded from that record, not from a later intent.
+        assert_eq!(b.pop("/api/v1/pop/queue/seed?consumerGroup=registered&batch=10&autoAck=true").await.data(), [json!("old")]);
+        b.push_to("seed", "later", &[json!("later")]).await;
+        let r = b.pop("/api/v1/pop/queue/seed/partition/later?consumerGroup=registered&subscriptionMode=new&autoAck=true").await;
+        assert_eq!(r.data(), [json!("later")], "{mode}: the durable record wins over the pop's intent");
+    }
+}
+
+/// The empty-partition seal "fires only when the partition is *entirely*
+/// empty and unfiltered: `take = 0` also happens when segments exist but are
+/// deferred by `delayedProcessing`, and sealing past those would skip live
+/// messages."
+#[tokio::test]
+async fn a_partition_whose_messages_are_only_delayed_is_not_sealed() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.post("/api/v1/configure", json!({"queue": "late", "options": {"delayedProcessing": 1}})).await;
+        b.push_to("late", "p", &[json!("soon")]).await;
+        assert_eq!(b.pop("/api/v1/pop/queue/late?consumerGroup=g").await.status, 204, "{mode}: hidden");
+        assert_eq!(committed(&b, "late", "p", "g").await, Some(-1), "{mode}: the cursor stays before the hidden message");
+        let r = b.pop("/api/v1/pop/queue/late?consumerGroup=g&wait=true&timeout=5000&autoAck=true").await;
+        assert_eq!(r.data(), [json!("soon")], "{mode}: delivered once visible");
+    }
+}
+
+/// "What to expect when things go wrong: Another worker holds the lease |
+/// that partition is skipped this cycle; other partitions still serve".
+#[tokio::test]
+async fn a_partition_another_worker_holds_is_skipped_and_the_others_still_serve() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("busy", "a", &[json!("a")]).await;
+        b.push_to("busy", "b", &[json!("b")]).await;
+        let held = b.pop("/api/v1/pop/queue/busy/partition/a?consumerGroup=g").await;
+        assert_eq!(held.data(), [json!("a")]);
+        let started = Instant::now();
+        let other = b.pop("/api/v1/pop/queue/busy?consumerGroup=g").await;
+        assert_eq!(other.data(), [json!("b")], "{mode}: the other partition serves");
+        assert!(started.elapsed() < Duration::from_secs(2), "{mode}: skipped, not waited on");
+        assert_eq!(b.pop("/api/v1/pop/queue/busy/partition/a?consumerGroup=g").await.status, 204, "{mode}: still held");
+    }
+}
