@@ -251,3 +251,32 @@ async fn an_expired_lease_redelivers_the_span_as_an_attempt_without_spending_the
         assert_eq!((r[0]["success"].as_bool(), r[0]["dlq"].as_bool()), (Some(true), Some(false)), "{mode}: {r:?}");
     }
 }
+
+/// "With `wait=true` a pop that finds nothing parks instead of returning. It
+/// releases its PostgreSQL connection first, so a parked consumer holds no
+/// database resource".
+#[tokio::test]
+async fn parked_long_polls_hold_no_database_connection() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        assert_eq!(b.pop("/api/v1/pop/queue/idle").await.status, 204);
+        let mut tasks = Vec::new();
+        for _ in 0..1000 {
+            let url = format!("{}/api/v1/pop/queue/idle?wait=true&timeout=4000", b.url);
+            tasks.push(tokio::spawn(async move { reqwest::get(url).await.map(|r| r.status().as_u16()).unwrap_or(0) }));
+        }
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        let conns: i64 = b
+            .sql()
+            .await
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'queen' AND state <> 'idle'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(conns <= 4, "{mode}: {conns} busy database connections for 1000 parked pops");
+        let mut answered = 0;
+        for t in tasks {
+            answered += (t.await.unwrap() == 204) as usize;
+        }
+        assert_eq!(answered, 1000, "{mode}: each timed out with a bare 204");
+    }
+}

@@ -189,3 +189,62 @@ async fn a_partition_another_worker_holds_is_skipped_and_the_others_still_serve(
         assert_eq!(b.pop("/api/v1/pop/queue/busy/partition/a?consumerGroup=g").await.status, 204, "{mode}: still held");
     }
 }
+
+/// "What to expect when things go wrong: Cursor sits in a retention gap |
+/// the forward scan takes the next existing segment; not an error" and
+/// "Partition emptied entirely by retention | the cursor is sealed to
+/// `last_offset`; it stops being a candidate".
+#[tokio::test]
+async fn a_partition_emptied_by_retention_is_sealed_and_a_cursor_in_a_retention_gap_scans_forward() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("q", "gone", &[json!(1), json!(2)]).await;
+        b.push_to("q", "gap", &[json!("lost")]).await;
+        b.push_to("q", "gap", &[json!("kept")]).await;
+        // What retention does: remove whole segments.
+        b.sql()
+            .await
+            .execute(
+                "DELETE FROM queen.segments s USING queen.partitions p
+                 WHERE p.id = s.partition_id AND (p.name = 'gone' OR (p.name = 'gap' AND s.base_offset = 0))",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(b.pop("/api/v1/pop/queue/q/partition/gone?consumerGroup=g").await.status, 204, "{mode}");
+        assert_eq!(committed(&b, "q", "gone", "g").await, Some(1), "{mode}: sealed to last_offset");
+        let r = b.pop("/api/v1/pop/queue/q?consumerGroup=g&batch=10").await;
+        assert_eq!(r.data(), [json!("kept")], "{mode}: the cursor in the gap scans forward, and the sealed one is no candidate");
+    }
+}
+
+/// "What to expect when things go wrong: Statement timeout | the statement
+/// is cancelled server-side, the connection quarantined, `500` returned" and
+/// "Pool exhausted | `500` with `{"error":"pool"}`" (seeds/pop-routes.md:
+/// "or {"error":"pop failed"} when the statement timed out and was
+/// cancelled").
+#[tokio::test]
+async fn an_exhausted_pool_answers_500_pool_and_a_timed_out_claim_500_pop_failed() {
+    let env = [("DB_POOL_SIZE", "2"), ("DB_CONNECTION_TIMEOUT", "300"), ("QUEEN_STMT_TIMEOUT_MS", "1500")];
+    for (mode, b) in brokers_in_both_modes(&env).await {
+        b.push_to("q", "p", &[json!(1)]).await;
+        let sql = b.sql().await;
+        // Hold the cursor table so claims block inside PostgreSQL, holding their connections.
+        sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let url = format!("{}/api/v1/pop/queue/q/partition/p", b.url);
+            tasks.push(tokio::spawn(async move {
+                let r = reqwest::get(url).await.unwrap();
+                (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+            }));
+        }
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        sql.batch_execute("ROLLBACK").await.unwrap();
+        assert!(answers.contains(&(500, json!({"error": "pool"}))), "{mode}: {answers:?}");
+        assert!(answers.contains(&(500, json!({"error": "pop failed"}))), "{mode}: {answers:?}");
+        assert_eq!(b.pop("/api/v1/pop/queue/q/partition/p").await.data(), [json!(1)], "{mode}: and the broker recovers");
+    }
+}
