@@ -280,3 +280,54 @@ async fn parked_long_polls_hold_no_database_connection() {
         assert_eq!(answered, 1000, "{mode}: each timed out with a bare 204");
     }
 }
+
+/// "To hold a batch longer than the lease, extend it:
+/// `POST /api/v1/lease/:leaseId/extend` with `{"seconds": 120}` (60 if you
+/// send no body) renews every live lease held by that lease id. The call
+/// always returns `200`; check `success` and `renewed`, which are `false` and
+/// `0` when the lease has already expired or never existed."
+#[tokio::test]
+async fn a_lease_extension_renews_every_live_lease_of_the_id_with_or_without_a_body() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        for p in ["a", "b"] {
+            b.push_to("ext", p, &[json!(p)]).await;
+        }
+        let body = b.pop("/api/v1/pop/queue/ext?partitions=2&batch=10&leaseSeconds=5&consumerGroup=g").await.body.expect("both");
+        assert_eq!(body["partitionsClaimed"], 2, "{mode}");
+        let lease = body["leaseId"].as_str().unwrap();
+        let left = || async {
+            b.sql()
+                .await
+                .query_one(
+                    "SELECT min(EXTRACT(EPOCH FROM (lease_expires_at - now())))::float8 FROM queen.consumers WHERE worker_id = $1",
+                    &[&lease],
+                )
+                .await
+                .unwrap()
+                .get::<_, f64>(0)
+        };
+        let (status, r) = b.post(&format!("/api/v1/lease/{lease}/extend"), json!({"seconds": 120})).await;
+        assert_eq!((status, r["success"].as_bool(), r["renewed"].as_i64()), (200, Some(true), Some(2)), "{mode}: {r}");
+        assert!((left().await - 120.0).abs() < 3.0, "{mode}: 120 s");
+        let r = b.http.post(format!("{}/api/v1/lease/{lease}/extend", b.url)).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let r: Value = r.json().await.unwrap();
+        assert_eq!(r["renewed"], 2, "{mode}: no body: {r}");
+        assert!((left().await - 120.0).abs() < 3.0, "{mode}: 60 s never shortens the 120 already given");
+        // Alone, no body means 60 seconds.
+        b.push_to("ext", "c", &[json!("c")]).await;
+        let fresh = b.pop("/api/v1/pop/queue/ext?leaseSeconds=5&consumerGroup=g").await.body.expect("c");
+        let fresh_lease = fresh["leaseId"].as_str().unwrap();
+        b.http.post(format!("{}/api/v1/lease/{fresh_lease}/extend", b.url)).send().await.unwrap();
+        let fresh_left: f64 = b
+            .sql()
+            .await
+            .query_one("SELECT EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 FROM queen.consumers WHERE worker_id = $1", &[&fresh_lease])
+            .await
+            .unwrap()
+            .get(0);
+        assert!((fresh_left - 60.0).abs() < 3.0, "{mode}: {fresh_left} s");
+        let (status, r) = b.post("/api/v1/lease/never-issued/extend", json!({})).await;
+        assert_eq!((status, r["success"].as_bool(), r["renewed"].as_i64()), (200, Some(false), Some(0)), "{mode}: {r}");
+    }
+}
