@@ -210,3 +210,39 @@ async fn a_push_wakes_a_parked_discovery_pop_of_its_scope() {
         assert!(at.duration_since(pushed) < std::time::Duration::from_millis(500), "{mode}: woken, not re-checked: {:?}", at.duration_since(pushed));
     }
 }
+
+/// "Three different situations all produce that same bare 204: ... 3. The
+/// pop's stored procedure reported an error. The error text is discarded
+/// with the body." (Here the targeted route's function is made to fail.)
+#[tokio::test]
+async fn a_stored_procedure_error_answers_a_bare_204() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("err", "p", &[json!(1)]).await;
+        b.sql()
+            .await
+            .batch_execute(
+                "CREATE OR REPLACE FUNCTION queen.pop_specific_v1(p_queue text, p_partition text, p_group text, p_worker text,
+                     p_lease_seconds integer, p_auto_ack boolean, p_budget integer, p_intent_mode text, p_intent_from timestamptz)
+                 RETURNS SETOF queen.pop_row LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;",
+            )
+            .await
+            .unwrap();
+        let (status, body) = b.get_bytes("/api/v1/pop/queue/err/partition/p").await;
+        assert_eq!((status, body.len()), (204, 0), "{mode}");
+        assert!(b.logs().iter().any(|l| l.contains("injected failure")), "{mode}: the operator still gets the text in the log");
+    }
+}
+
+/// "minPopWaitTime ... takes effect on the queue-scoped wildcard route":
+/// a targeted pop is never held (API.md §6 A-25).
+#[tokio::test]
+async fn min_pop_wait_takes_effect_on_the_wildcard_route_only() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.post("/api/v1/configure", json!({"queue": "mw", "options": {"minPopWaitTime": 5000}})).await;
+        b.push_to("mw", "p", &[json!(1)]).await;
+        let started = std::time::Instant::now();
+        let r = b.pop("/api/v1/pop/queue/mw/partition/p?wait=true&batch=10&timeout=10000&autoAck=true").await;
+        assert_eq!(r.data(), [json!(1)], "{mode}");
+        assert!(started.elapsed() < std::time::Duration::from_millis(1000), "{mode}: not held: {:?}", started.elapsed());
+    }
+}

@@ -33,7 +33,7 @@ pub enum DbError {
 /// tokio-postgres shows any server error as just "db error"; what an operator
 /// (or a client reading a 500) needs is the server's severity, code and
 /// message, or the cause of a connection failure.
-fn describe(e: &tokio_postgres::Error) -> String {
+pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
         None => match std::error::Error::source(e) {

@@ -22,7 +22,7 @@ async fn serve(state: &AppState, route: Route, pairs: &[(String, String)]) -> Re
         // A stored-procedure error answers a bare 204, as the seed says; the
         // operator still gets the text in the log.
         Err(PopError::Database(e)) => {
-            tracing::warn!(error = %e, "pop failed in PostgreSQL; answering 204");
+            tracing::warn!(error = %crate::db::describe(&e), "pop failed in PostgreSQL; answering 204");
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Err(e) => Err(e.into()),

@@ -60,8 +60,9 @@ pub enum PopError {
     /// The statement timed out and was cancelled server-side.
     #[error("pop failed")]
     Timeout,
-    /// Any other database error: the seed answers 204 and discards the text.
-    #[error("pop error: {0}")]
+    /// Any other database error: the seed answers 204 and discards the text
+    /// (the log keeps the server's message).
+    #[error("pop error: {}", crate::db::describe(.0))]
     Database(tokio_postgres::Error),
     #[error(transparent)]
     Corrupt(#[from] render::CorruptSegment),
