@@ -35,17 +35,12 @@ both_modes!(
     a_leased_pop_answers_the_documented_shape_in_offset_order,
     the_batch_is_a_budget_shared_across_claimed_partitions,
     partitions_caps_the_claimed_partitions_and_zero_means_no_cap,
-    a_leased_partition_is_skipped_by_the_same_group_and_read_by_another,
-    auto_ack_commits_inside_the_pop_and_returns_an_empty_lease_id,
     an_expired_lease_redelivers_the_same_span_and_counts_an_attempt,
     subscription_mode_new_skips_the_backlog_but_never_in_queue_mode,
     the_stored_subscription_wins_and_new_partitions_deliver_everything,
-    subscription_from_a_timestamp_starts_at_the_first_later_segment,
     window_buffer_holds_a_partition_that_is_still_being_written,
     delayed_processing_hides_young_messages,
-    a_long_poll_is_woken_by_a_push,
     twenty_consumers_on_fifty_partitions_get_every_message_exactly_once,
-    fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock,
     cursors_a_group_made_before_it_registered_are_kept_at_first_contact,
 );
 
@@ -133,33 +128,6 @@ async fn partitions_caps_the_claimed_partitions_and_zero_means_no_cap(hotlist: b
     assert_eq!(r.body.unwrap()["partitionsClaimed"], 1, "the default is one partition");
 }
 
-async fn a_leased_partition_is_skipped_by_the_same_group_and_read_by_another(hotlist: bool) {
-    let b = broker(hotlist).await;
-    b.push_to("q", "only", &[json!(1), json!(2)]).await;
-    let first = b.pop("/api/v1/pop/queue/q").await;
-    assert_eq!(first.messages().len(), 2);
-    assert_eq!(b.pop("/api/v1/pop/queue/q").await.status, 204, "queue mode shares one cursor: the lane is leased");
-    let other = b.pop("/api/v1/pop/queue/q?consumerGroup=analytics").await;
-    assert_eq!(other.data(), [json!(1), json!(2)], "another group reads the same lane independently");
-    let pid: i64 = first.body.unwrap()["partitionId"].as_str().unwrap().parse().unwrap();
-    b.commit_cursor(pid, "__QUEUE_MODE__", 0).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q").await.data(), [json!(2)], "after the commit the next offset comes");
-}
-
-async fn auto_ack_commits_inside_the_pop_and_returns_an_empty_lease_id(hotlist: bool) {
-    let b = broker(hotlist).await;
-    b.push_to("q", "p", &[json!(1), json!(2), json!(3)]).await;
-    let r = b.pop("/api/v1/pop/queue/q?batch=2&autoAck=true&consumerGroup=g").await;
-    let body = r.body.clone().unwrap();
-    assert_eq!(body["leaseId"], "");
-    assert!(r.messages().iter().all(|m| m["leaseId"] == ""));
-    let row = b.sql().await.query_one("SELECT committed, worker_id FROM queen.consumers WHERE consumer_group = 'g'", &[]).await.unwrap();
-    assert_eq!(row.get::<_, i64>(0), 1);
-    assert_eq!(row.get::<_, Option<String>>(1), None);
-    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=2&autoAck=true&consumerGroup=g").await.data(), [json!(3)]);
-    assert_eq!(b.pop("/api/v1/pop/queue/q?autoAck=true&consumerGroup=g").await.status, 204);
-}
-
 async fn an_expired_lease_redelivers_the_same_span_and_counts_an_attempt(hotlist: bool) {
     let b = broker(hotlist).await;
     b.push_to("q", "p", &[json!("a"), json!("b")]).await;
@@ -215,19 +183,6 @@ async fn the_stored_subscription_wins_and_new_partitions_deliver_everything(hotl
     assert_eq!(r.data(), [json!("late-1"), json!("late-2")]);
 }
 
-async fn subscription_from_a_timestamp_starts_at_the_first_later_segment(hotlist: bool) {
-    let b = broker(hotlist).await;
-    b.push_to("q", "p", &[json!("early")]).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let cut = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    b.push_to("q", "p", &[json!("late")]).await;
-    let r = b.pop(&format!("/api/v1/pop/queue/q?consumerGroup=g&subscriptionFrom={}", urlencode(&cut))).await;
-    assert_eq!(r.data(), [json!("late")]);
-    let r = b.pop("/api/v1/pop/queue/q?consumerGroup=h&subscriptionFrom=not-a-time").await;
-    assert_eq!(r.data(), [json!("early"), json!("late")], "an unparseable subscriptionFrom is ignored");
-}
-
 async fn window_buffer_holds_a_partition_that_is_still_being_written(hotlist: bool) {
     let b = broker(hotlist).await;
     b.push_to("q", "p", &[json!(0)]).await;
@@ -248,31 +203,6 @@ async fn delayed_processing_hides_young_messages(hotlist: bool) {
     assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.status, 204);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("young")]);
-}
-
-async fn a_long_poll_is_woken_by_a_push(hotlist: bool) {
-    let b = broker(hotlist).await;
-    // Make the group known first, so the wake (not first contact) is what is measured.
-    assert_eq!(b.pop("/api/v1/pop/queue/lp").await.status, 204);
-    let started = Instant::now();
-    let r = b.pop("/api/v1/pop/queue/lp?wait=true&timeout=400").await;
-    assert_eq!(r.status, 204);
-    assert!(started.elapsed() >= Duration::from_millis(400), "the deadline answers 204");
-    let waiter = {
-        let url = format!("{}/api/v1/pop/queue/lp?wait=true&timeout=10000", b.url);
-        tokio::spawn(async move {
-            let r = reqwest::get(url).await.unwrap();
-            (r.status().as_u16(), Instant::now(), r.json::<Value>().await.unwrap())
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    b.push_to("lp", "p", &[json!("wake")]).await;
-    let pushed_at = Instant::now();
-    let (status, answered_at, body) = waiter.await.unwrap();
-    assert_eq!(status, 200);
-    assert_eq!(body["messages"][0]["data"], "wake");
-    let latency = answered_at.saturating_duration_since(pushed_at);
-    assert!(latency < Duration::from_millis(100), "woken {latency:?} after the push");
 }
 
 async fn twenty_consumers_on_fifty_partitions_get_every_message_exactly_once(hotlist: bool) {
@@ -332,35 +262,6 @@ async fn twenty_consumers_on_fifty_partitions_get_every_message_exactly_once(hot
     drop(sql);
 }
 
-async fn fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock(hotlist: bool) {
-    let b = broker(hotlist).await;
-    let items: Vec<Value> = (0..200).map(|p| json!({"queue": "wide", "partition": format!("p{p}"), "payload": p})).collect();
-    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
-    let sql = b.sql().await;
-    let deadlocks = || async {
-        sql.query_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()", &[]).await.unwrap().get::<_, i64>(0)
-    };
-    let before = deadlocks().await;
-    let mut tasks = Vec::new();
-    for _ in 0..50 {
-        let url = format!("{}/api/v1/pop/queue/wide?batch=10&partitions=4&consumerGroup=fresh", b.url);
-        tasks.push(tokio::spawn(async move { reqwest::get(url).await.unwrap().status().as_u16() }));
-    }
-    let mut delivered = 0;
-    for t in tasks {
-        let s = t.await.unwrap();
-        assert!(s == 200 || s == 204, "status {s}");
-        delivered += (s == 200) as usize;
-    }
-    assert!(delivered > 0);
-    // pg_stat counters are flushed asynchronously; give them a moment.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(deadlocks().await, before, "PostgreSQL reported deadlocks");
-    assert!(!b.logs().iter().any(|l| l.contains("deadlock")), "the broker logged a deadlock");
-    let seeded: i64 = sql.query_one("SELECT count(*) FROM queen.consumers WHERE consumer_group = 'fresh'", &[]).await.unwrap().get(0);
-    assert_eq!(seeded, 200, "the elected seeder seeded every partition's cursor");
-}
-
 /// Single-partition pops make cursor rows without registering the group.
 /// Its first wildcard pop must keep them: the first contact's insert without
 /// a conflict check meets the existing row and falls back to the general
@@ -381,10 +282,6 @@ async fn cursors_a_group_made_before_it_registered_are_kept_at_first_contact(hot
     assert_eq!(subs, 1, "the group is registered");
     let cursors: i64 = sql.query_one("SELECT count(*) FROM queen.consumers WHERE consumer_group = 'g'", &[]).await.unwrap().get(0);
     assert_eq!(cursors, 2);
-}
-
-fn urlencode(s: &str) -> String {
-    serde_urlencoded::to_string([("v", s)]).unwrap()[2..].to_string()
 }
 
 #[tokio::test]

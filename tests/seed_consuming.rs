@@ -3,6 +3,7 @@
 //! both candidate modes (the hot-list and `QUEEN_HOTLIST=false`). Hold this
 //! file against the page.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -330,4 +331,91 @@ async fn a_lease_extension_renews_every_live_lease_of_the_id_with_or_without_a_b
         let (status, r) = b.post("/api/v1/lease/never-issued/extend", json!({})).await;
         assert_eq!((status, r["success"].as_bool(), r["renewed"].as_i64()), (200, Some(false), Some(0)), "{mode}: {r}");
     }
+}
+
+// Statements tests/pop.rs held first, in both candidate modes by name (`::hotlist`, `::sql_scan`).
+both_modes!(
+    a_leased_partition_is_skipped_by_the_same_group_and_read_by_another,
+    auto_ack_commits_inside_the_pop_and_returns_an_empty_lease_id,
+    subscription_from_a_timestamp_starts_at_the_first_later_segment,
+    a_long_poll_is_woken_by_a_push,
+);
+
+/// "A pop that claims a partition holds it until the batch is acked or the
+/// lease expires. A second consumer in the same group asking for that
+/// partition is skipped, without blocking ... Different groups never
+/// interfere, because they are different rows." (One leased batch per
+/// (partition, group).)
+async fn a_leased_partition_is_skipped_by_the_same_group_and_read_by_another(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("q", "only", &[json!(1), json!(2)]).await;
+    let first = b.pop("/api/v1/pop/queue/q").await;
+    assert_eq!(first.messages().len(), 2);
+    assert_eq!(b.pop("/api/v1/pop/queue/q").await.status, 204, "queue mode shares one cursor: the lane is leased");
+    let other = b.pop("/api/v1/pop/queue/q?consumerGroup=analytics").await;
+    assert_eq!(other.data(), [json!(1), json!(2)], "another group reads the same lane independently");
+    let pid: i64 = first.body.unwrap()["partitionId"].as_str().unwrap().parse().unwrap();
+    b.commit_cursor(pid, "__QUEUE_MODE__", 0).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q").await.data(), [json!(2)], "after the commit the next offset comes");
+}
+
+/// "`autoAck=true` makes the pop commit the cursor in the same transaction
+/// that reads the messages. No lease is taken, `leaseId` comes back empty,
+/// and there is nothing to ack."
+async fn auto_ack_commits_inside_the_pop_and_returns_an_empty_lease_id(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("q", "p", &[json!(1), json!(2), json!(3)]).await;
+    let r = b.pop("/api/v1/pop/queue/q?batch=2&autoAck=true&consumerGroup=g").await;
+    let body = r.body.clone().unwrap();
+    assert_eq!(body["leaseId"], "");
+    assert!(r.messages().iter().all(|m| m["leaseId"] == ""));
+    let row = b.sql().await.query_one("SELECT committed, worker_id FROM queen.consumers WHERE consumer_group = 'g'", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    assert_eq!(row.get::<_, Option<String>>(1), None);
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=2&autoAck=true&consumerGroup=g").await.data(), [json!(3)]);
+    assert_eq!(b.pop("/api/v1/pop/queue/q?autoAck=true&consumerGroup=g").await.status, 204);
+}
+
+/// "`subscriptionFrom=` | Just before the first segment written at or after
+/// that timestamp" ... "replay is segment-granular: you land on the first
+/// segment at or after your timestamp".
+async fn subscription_from_a_timestamp_starts_at_the_first_later_segment(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("q", "p", &[json!("early")]).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let cut = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.push_to("q", "p", &[json!("late")]).await;
+    let r = b.pop(&format!("/api/v1/pop/queue/q?consumerGroup=g&subscriptionFrom={}", common::urlencode(&cut))).await;
+    assert_eq!(r.data(), [json!("late")]);
+    let r = b.pop("/api/v1/pop/queue/q?consumerGroup=h&subscriptionFrom=not-a-time").await;
+    assert_eq!(r.data(), [json!("early"), json!("late")], "an unparseable subscriptionFrom is ignored");
+}
+
+/// "With `wait=true` a pop that finds nothing parks ... it waits on the
+/// queue's wake gate: a push to that queue wakes it ... gives up at
+/// `timeout`, returning the bodiless `204`."
+async fn a_long_poll_is_woken_by_a_push(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    // Make the group known first, so the wake (not first contact) is what is measured.
+    assert_eq!(b.pop("/api/v1/pop/queue/lp").await.status, 204);
+    let started = Instant::now();
+    let r = b.pop("/api/v1/pop/queue/lp?wait=true&timeout=400").await;
+    assert_eq!(r.status, 204);
+    assert!(started.elapsed() >= Duration::from_millis(400), "the deadline answers 204");
+    let waiter = {
+        let url = format!("{}/api/v1/pop/queue/lp?wait=true&timeout=10000", b.url);
+        tokio::spawn(async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), Instant::now(), r.json::<Value>().await.unwrap())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.push_to("lp", "p", &[json!("wake")]).await;
+    let pushed_at = Instant::now();
+    let (status, answered_at, body) = waiter.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body["messages"][0]["data"], "wake");
+    let latency = answered_at.saturating_duration_since(pushed_at);
+    assert!(latency < Duration::from_millis(100), "woken {latency:?} after the push");
 }

@@ -3,6 +3,7 @@
 //! in both candidate modes (the hot-list and `QUEEN_HOTLIST=false`). Hold
 //! this file against the page.
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
@@ -247,4 +248,43 @@ async fn an_exhausted_pool_answers_500_pool_and_a_timed_out_claim_500_pop_failed
         assert!(answers.contains(&(500, json!({"error": "pop failed"}))), "{mode}: {answers:?}");
         assert_eq!(b.pop("/api/v1/pop/queue/q/partition/p").await.data(), [json!(1)], "{mode}: and the broker recovers");
     }
+}
+
+// Statements tests/pop.rs held first, in both candidate modes by name (`::hotlist`, `::sql_scan`).
+both_modes!(
+    fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock,
+);
+
+/// "The group-first-contact bulk seed. On the very first pop of a
+/// `(queue, group)`, one insert ... elects a single seeder ... and that
+/// seeder seeds the cursor of *every* partition of the queue in one
+/// set-based statement. Without it, `log_pop_v1`'s per-partition lazy row
+/// creation convoys" (the first-contact storm).
+async fn fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    let items: Vec<Value> = (0..200).map(|p| json!({"queue": "wide", "partition": format!("p{p}"), "payload": p})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let sql = b.sql().await;
+    let deadlocks = || async {
+        sql.query_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()", &[]).await.unwrap().get::<_, i64>(0)
+    };
+    let before = deadlocks().await;
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let url = format!("{}/api/v1/pop/queue/wide?batch=10&partitions=4&consumerGroup=fresh", b.url);
+        tasks.push(tokio::spawn(async move { reqwest::get(url).await.unwrap().status().as_u16() }));
+    }
+    let mut delivered = 0;
+    for t in tasks {
+        let s = t.await.unwrap();
+        assert!(s == 200 || s == 204, "status {s}");
+        delivered += (s == 200) as usize;
+    }
+    assert!(delivered > 0);
+    // pg_stat counters are flushed asynchronously; give them a moment.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(deadlocks().await, before, "PostgreSQL reported deadlocks");
+    assert!(!b.logs().iter().any(|l| l.contains("deadlock")), "the broker logged a deadlock");
+    let seeded: i64 = sql.query_one("SELECT count(*) FROM queen.consumers WHERE consumer_group = 'fresh'", &[]).await.unwrap().get(0);
+    assert_eq!(seeded, 200, "the elected seeder seeded every partition's cursor");
 }

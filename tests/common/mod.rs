@@ -471,3 +471,31 @@ impl Broker {
         body["options"].clone()
     }
 }
+
+/// A broker in one candidate mode: the hot-list ring (`true`) or the SQL scan.
+pub async fn broker_in_mode(hotlist: bool) -> Broker {
+    Broker::start_with(&[("QUEEN_HOTLIST", if hotlist { "true" } else { "false" })]).await
+}
+
+/// `s` percent-encoded for a query string.
+pub fn urlencode(s: &str) -> String {
+    serde_urlencoded::to_string([("v", s)]).unwrap()[2..].to_string()
+}
+
+/// Runs each named scenario `async fn name(hotlist: bool)` once per candidate
+/// mode, as `name::hotlist` and `name::sql_scan`.
+#[allow(unused_macros)]
+macro_rules! both_modes {
+    ($($name:ident),* $(,)?) => {
+        $(mod $name {
+            #[tokio::test]
+            async fn hotlist() {
+                super::$name(true).await
+            }
+            #[tokio::test]
+            async fn sql_scan() {
+                super::$name(false).await
+            }
+        })*
+    };
+}
