@@ -285,22 +285,6 @@ async fn cursors_a_group_made_before_it_registered_are_kept_at_first_contact(hot
 }
 
 #[tokio::test]
-async fn the_single_partition_route_claims_only_that_partition_and_registers_nothing() {
-    let b = Broker::start().await;
-    b.push_to("q", "mine", &[json!("m")]).await;
-    b.push_to("q", "other", &[json!("o")]).await;
-    let r = b.pop("/api/v1/pop/queue/q/partition/mine?consumerGroup=g&partitions=5").await;
-    assert_eq!(r.data(), [json!("m")]);
-    assert_eq!(r.body.unwrap()["partition"], "mine");
-    let subs: i64 = b.sql().await.query_one("SELECT count(*) FROM queen.subscriptions", &[]).await.unwrap().get(0);
-    assert_eq!(subs, 0, "the targeted pop writes no durable subscription");
-    assert_eq!(b.pop("/api/v1/pop/queue/q/partition/nowhere").await.status, 204);
-    // Percent-decoded path segments.
-    b.push_to("q", "with space", &[json!("s")]).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q/partition/with%20space").await.data(), [json!("s")]);
-}
-
-#[tokio::test]
 async fn a_pop_whose_ring_candidates_were_emptied_behind_its_back_looks_again() {
     let b = Broker::start().await;
     // First contact builds the ring; the pushes then list a..e in it.
@@ -427,26 +411,6 @@ async fn after_a_claim_filled_from_one_partition_the_next_ones_skip_the_set_base
 }
 
 #[tokio::test]
-async fn the_discovery_route_spans_queues_by_label() {
-    let b = Broker::start().await;
-    b.push_to("billing.invoices", "p", &[json!("i")]).await;
-    b.push_to("billing.refunds", "p", &[json!("r")]).await;
-    b.push_to("shipping.labels", "p", &[json!("s")]).await;
-    let r = b.pop("/api/v1/pop?namespace=billing&batch=10&partitions=0&consumerGroup=g").await;
-    let body = r.body.clone().unwrap();
-    assert_eq!(body["queue"], "");
-    let mut data: Vec<String> = r.data().iter().map(|d| d.as_str().unwrap().to_string()).collect();
-    data.sort();
-    assert_eq!(data, ["i", "r"]);
-    assert!(r.messages().iter().all(|m| !m["partitionId"].as_str().unwrap().is_empty()));
-    let r = b.pop("/api/v1/pop?task=labels&consumerGroup=g").await;
-    assert_eq!(r.data(), [json!("s")]);
-    let r = b.pop("/api/v1/pop?consumerGroup=g").await;
-    assert_eq!(r.status, 400);
-    assert_eq!(r.body.unwrap(), json!({"success": false, "error": "namespace or task is required", "messages": []}));
-}
-
-#[tokio::test]
 async fn unparseable_parameters_answer_400_naming_them() {
     let b = Broker::start().await;
     for (q, name) in [("batch=x", "batch"), ("wait=perhaps", "wait"), ("timeout=-5", "timeout"), ("partitions=two", "partitions"), ("autoAck=7", "autoAck"), ("subscriptionMode=sometimes", "subscriptionMode")] {
@@ -524,35 +488,6 @@ async fn min_pop_wait_never_delays_an_empty_queue_or_the_deadline() {
     assert_eq!(b.pop("/api/v1/pop/queue/mw?wait=true&batch=10&timeout=400").await.data(), [json!(1)]);
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(350) && took < Duration::from_millis(2000), "bounded by the deadline: {took:?}");
-}
-
-#[tokio::test]
-async fn the_empty_scan_watermark_advances_only_when_the_group_has_nothing_pending() {
-    let b = Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await;
-    b.push_to("wm", "p", &[json!(1)]).await;
-    let leased = b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await;
-    assert_eq!(leased.status, 200);
-    let sql = b.sql().await;
-    let qid: i64 = sql.query_one("SELECT id FROM queen.queues WHERE name = 'wm'", &[]).await.unwrap().get(0);
-    let watermark = || async {
-        sql.query_opt("SELECT watermark = '-infinity'::timestamptz FROM queen.scan_watermarks WHERE queue_id = $1 AND consumer_group = 'g'", &[&qid])
-            .await
-            .unwrap()
-            .map(|r| r.get::<_, bool>(0))
-    };
-    // The scan claimed nothing because of the lease: the floor stays.
-    assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.status, 204);
-    assert_eq!(watermark().await, Some(true), "a lease-held backlog keeps the watermark at its floor");
-    // Once everything is committed, the next re-check (30 s later) advances it.
-    let pid: i64 = leased.body.unwrap()["partitionId"].as_str().unwrap().parse().unwrap();
-    b.commit_cursor(pid, "g", 0).await;
-    sql.execute("SELECT queen.note_empty_scan_v1($1, 'g', now() + interval '10 seconds')", &[&qid]).await.unwrap();
-    assert_eq!(watermark().await, Some(true), "throttled to once every 30 seconds");
-    sql.execute("SELECT queen.note_empty_scan_v1($1, 'g', now() + interval '31 seconds')", &[&qid]).await.unwrap();
-    assert_eq!(watermark().await, Some(false), "advanced: the queue is genuinely empty for g");
-    // New writes after the watermark are still candidates.
-    b.push_to("wm", "p", &[json!(2)]).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.data(), [json!(2)]);
 }
 
 /// A push through another broker is invisible to this broker's rings until a

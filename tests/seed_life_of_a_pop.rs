@@ -288,3 +288,39 @@ async fn fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock(ho
     let seeded: i64 = sql.query_one("SELECT count(*) FROM queen.consumers WHERE consumer_group = 'fresh'", &[]).await.unwrap().get(0);
     assert_eq!(seeded, 200, "the elected seeder seeded every partition's cursor");
 }
+
+/// "The empty-scan watermark. When a scan claims nothing, the watermark is
+/// not advanced blindly: a partition may have been skipped only because
+/// someone else held its lease. Throttled to once every 30 seconds, the
+/// procedure re-checks for pending data *ignoring* the lease filter, and
+/// advances the watermark only if the queue is genuinely empty." This
+/// bookkeeping lives only on the SQL path ("Without the hot-list"), so the
+/// test runs there alone.
+#[tokio::test]
+async fn the_empty_scan_watermark_advances_only_when_the_group_has_nothing_pending() {
+    let b = Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await;
+    b.push_to("wm", "p", &[json!(1)]).await;
+    let leased = b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await;
+    assert_eq!(leased.status, 200);
+    let sql = b.sql().await;
+    let qid: i64 = sql.query_one("SELECT id FROM queen.queues WHERE name = 'wm'", &[]).await.unwrap().get(0);
+    let watermark = || async {
+        sql.query_opt("SELECT watermark = '-infinity'::timestamptz FROM queen.scan_watermarks WHERE queue_id = $1 AND consumer_group = 'g'", &[&qid])
+            .await
+            .unwrap()
+            .map(|r| r.get::<_, bool>(0))
+    };
+    // The scan claimed nothing because of the lease: the floor stays.
+    assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.status, 204);
+    assert_eq!(watermark().await, Some(true), "a lease-held backlog keeps the watermark at its floor");
+    // Once everything is committed, the next re-check (30 s later) advances it.
+    let pid: i64 = leased.body.unwrap()["partitionId"].as_str().unwrap().parse().unwrap();
+    b.commit_cursor(pid, "g", 0).await;
+    sql.execute("SELECT queen.note_empty_scan_v1($1, 'g', now() + interval '10 seconds')", &[&qid]).await.unwrap();
+    assert_eq!(watermark().await, Some(true), "throttled to once every 30 seconds");
+    sql.execute("SELECT queen.note_empty_scan_v1($1, 'g', now() + interval '31 seconds')", &[&qid]).await.unwrap();
+    assert_eq!(watermark().await, Some(false), "advanced: the queue is genuinely empty for g");
+    // New writes after the watermark are still candidates.
+    b.push_to("wm", "p", &[json!(2)]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.data(), [json!(2)]);
+}

@@ -3,6 +3,7 @@
 //! both candidate modes (the hot-list and `QUEEN_HOTLIST=false`). Hold this
 //! file against the page.
 
+#[macro_use]
 mod common;
 
 use common::brokers_in_both_modes;
@@ -245,4 +246,53 @@ async fn min_pop_wait_takes_effect_on_the_wildcard_route_only() {
         assert_eq!(r.data(), [json!(1)], "{mode}");
         assert!(started.elapsed() < std::time::Duration::from_millis(1000), "{mode}: not held: {:?}", started.elapsed());
     }
+}
+
+// Statements tests/pop.rs held first, in both candidate modes by name (`::hotlist`, `::sql_scan`).
+both_modes!(
+    the_single_partition_route_claims_only_that_partition_and_registers_nothing,
+    the_discovery_route_spans_queues_by_label,
+);
+
+/// "partitions ... is ignored by the single-partition route, which by
+/// definition claims one" and (seeds/consuming.md) "The targeted pop names
+/// one partition and skips candidate selection entirely ... it is also the
+/// only one that does not seed the group's cursors across the whole queue":
+/// it writes no durable subscription.
+async fn the_single_partition_route_claims_only_that_partition_and_registers_nothing(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("q", "mine", &[json!("m")]).await;
+    b.push_to("q", "other", &[json!("o")]).await;
+    let r = b.pop("/api/v1/pop/queue/q/partition/mine?consumerGroup=g&partitions=5").await;
+    assert_eq!(r.data(), [json!("m")]);
+    assert_eq!(r.body.unwrap()["partition"], "mine");
+    let subs: i64 = b.sql().await.query_one("SELECT count(*) FROM queen.subscriptions", &[]).await.unwrap().get(0);
+    assert_eq!(subs, 0, "the targeted pop writes no durable subscription");
+    assert_eq!(b.pop("/api/v1/pop/queue/q/partition/nowhere").await.status, 204);
+    // Percent-decoded path segments.
+    b.push_to("q", "with space", &[json!("s")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q/partition/with%20space").await.data(), [json!("s")]);
+}
+
+/// "The discovery route requires at least one of namespace and task" and
+/// "on the discovery route the top-level queue is empty, so a discovery
+/// consumer that needs to know which queue a message came from must map it
+/// from partitionId itself".
+async fn the_discovery_route_spans_queues_by_label(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("billing.invoices", "p", &[json!("i")]).await;
+    b.push_to("billing.refunds", "p", &[json!("r")]).await;
+    b.push_to("shipping.labels", "p", &[json!("s")]).await;
+    let r = b.pop("/api/v1/pop?namespace=billing&batch=10&partitions=0&consumerGroup=g").await;
+    let body = r.body.clone().unwrap();
+    assert_eq!(body["queue"], "");
+    let mut data: Vec<String> = r.data().iter().map(|d| d.as_str().unwrap().to_string()).collect();
+    data.sort();
+    assert_eq!(data, ["i", "r"]);
+    assert!(r.messages().iter().all(|m| !m["partitionId"].as_str().unwrap().is_empty()));
+    let r = b.pop("/api/v1/pop?task=labels&consumerGroup=g").await;
+    assert_eq!(r.data(), [json!("s")]);
+    let r = b.pop("/api/v1/pop?consumerGroup=g").await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body.unwrap(), json!({"success": false, "error": "namespace or task is required", "messages": []}));
 }
