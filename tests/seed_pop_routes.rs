@@ -6,7 +6,7 @@
 #[macro_use]
 mod common;
 
-use common::brokers_in_both_modes;
+use common::{brokers_in_both_modes, Broker};
 use serde_json::json;
 
 /// "The discovery route requires at least one of namespace and task. With
@@ -295,4 +295,34 @@ async fn the_discovery_route_spans_queues_by_label(hotlist: bool) {
     let r = b.pop("/api/v1/pop?consumerGroup=g").await;
     assert_eq!(r.status, 400);
     assert_eq!(r.body.unwrap(), json!({"success": false, "error": "namespace or task is required", "messages": []}));
+}
+
+/// "Between wakes the pop re-checks on an interval that backs off
+/// (POP_WAIT_INITIAL_INTERVAL_MS 100 ms, growing after
+/// POP_WAIT_BACKOFF_THRESHOLD 3 consecutive empty waits by
+/// POP_WAIT_BACKOFF_MULTIPLIER 2.0, capped at POP_WAIT_MAX_INTERVAL_MS
+/// 1000 ms)". A push through another broker opens no gate here, so only the
+/// re-check finds it: within an initial interval early in the wait, within
+/// the cap later. (The SQL path: the hot-list learns of such pushes from
+/// its reseed instead, tests/pop.rs.)
+#[tokio::test]
+async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
+    let here = Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await;
+    let c = common::cluster();
+    let there = Broker::spawn(here.db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), c.url(&here.db))]).await;
+    assert_eq!(here.pop("/api/v1/pop/queue/far?consumerGroup=g").await.status, 204);
+    for (park, within) in [(150u64, 250u64), (3000, 1150)] {
+        let (http, url) = (here.http.clone(), format!("{}/api/v1/pop/queue/far?consumerGroup=g&wait=true&timeout=10000&autoAck=true", here.url));
+        let parked = tokio::spawn(async move {
+            let r = http.get(&url).send().await.unwrap();
+            (r.status().as_u16(), std::time::Instant::now())
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(park)).await;
+        there.push_to("far", "p", &[json!(park)]).await;
+        let pushed = std::time::Instant::now();
+        let (status, at) = parked.await.unwrap();
+        let took = at.saturating_duration_since(pushed);
+        assert_eq!(status, 200);
+        assert!(took < std::time::Duration::from_millis(within), "parked {park} ms: found {took:?} after the push");
+    }
 }
