@@ -2,6 +2,7 @@
 //! §2.2, issue 3). Behavioural tests run in both candidate modes: the
 //! hot-list ring and the SQL candidate scan.
 
+#[macro_use]
 mod common;
 
 use std::collections::{HashMap, HashSet};
@@ -10,25 +11,7 @@ use std::time::{Duration, Instant};
 use common::Broker;
 use serde_json::{json, Value};
 
-async fn broker(hotlist: bool) -> Broker {
-    Broker::start_with(&[("QUEEN_HOTLIST", if hotlist { "true" } else { "false" })]).await
-}
-
-/// Runs a scenario once per candidate mode.
-macro_rules! both_modes {
-    ($($name:ident),* $(,)?) => {
-        $(mod $name {
-            #[tokio::test]
-            async fn hotlist() {
-                super::$name(true).await
-            }
-            #[tokio::test]
-            async fn sql_scan() {
-                super::$name(false).await
-            }
-        })*
-    };
-}
+use common::broker_in_mode as broker;
 
 both_modes!(
     an_empty_pop_is_a_bare_204_and_provisions_the_queue,
