@@ -41,6 +41,9 @@ pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";
 pub const POP_PERMITS: &str = "queen_pop_permit_limit";
 pub const HOTLIST_READY: &str = "queen_hotlist_ready_partitions";
+/// Queue wake-gate openings, by `how`: `push` (the first push to a queue in a
+/// 5 ms tick opens its gate at once) or `tick` (the later ones, coalesced).
+pub const WAKE_OPENS: &str = "queen_wake_gate_opens_total";
 
 /// How often the recorder folds histogram samples into their summaries.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);

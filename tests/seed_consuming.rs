@@ -419,3 +419,41 @@ async fn a_long_poll_is_woken_by_a_push(hotlist: bool) {
     let latency = answered_at.saturating_duration_since(pushed_at);
     assert!(latency < Duration::from_millis(100), "woken {latency:?} after the push");
 }
+
+/// "With the default candidate ring those local wakes are coalesced onto a
+/// 5 ms tick, so a hot queue costs a bounded number of wake-ups per second
+/// rather than one per push." The broker counts its gate openings
+/// (`queen_wake_gate_opens_total`): at most two per queue and tick (the first
+/// push of a tick at once, the rest at the tick).
+#[tokio::test]
+async fn pushes_to_a_hot_queue_open_its_wake_gate_at_most_twice_a_tick_not_once_per_push() {
+    const PUSHES: usize = 400;
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        let opens = |text: String| {
+            ["push", "tick"].iter().map(|how| common::sample(&text, &format!("queen_wake_gate_opens_total{{how=\"{how}\"}}")).unwrap_or(0.0)).sum::<f64>()
+        };
+        b.push_to("hot", "p", &[json!("first")]).await;
+        let before = opens(b.prometheus().await);
+        let started = Instant::now();
+        let mut lanes = Vec::new();
+        for lane in 0..20 {
+            let (http, url) = (b.http.clone(), format!("{}/api/v1/push", b.url));
+            lanes.push(tokio::spawn(async move {
+                for n in 0..PUSHES / 20 {
+                    let body = json!({"items": [{"queue": "hot", "partition": format!("p{lane}"), "payload": n}]});
+                    assert_eq!(http.post(&url).json(&body).send().await.unwrap().status().as_u16(), 201);
+                }
+            }));
+        }
+        for l in lanes {
+            l.await.unwrap();
+        }
+        let ticks = started.elapsed().as_millis() as f64 / 5.0;
+        tokio::time::sleep(Duration::from_millis(20)).await; // the last tick
+        let n = opens(b.prometheus().await) - before;
+        assert!(n <= 2.0 * (ticks + 2.0), "{mode}: {n} openings over {ticks:.0} ticks");
+        if PUSHES as f64 > 4.0 * (ticks + 2.0) {
+            assert!(n < PUSHES as f64, "{mode}: {n} openings for {PUSHES} pushes");
+        }
+    }
+}

@@ -302,8 +302,8 @@ async fn the_discovery_route_spans_queues_by_label(hotlist: bool) {
 /// POP_WAIT_BACKOFF_THRESHOLD 3 consecutive empty waits by
 /// POP_WAIT_BACKOFF_MULTIPLIER 2.0, capped at POP_WAIT_MAX_INTERVAL_MS
 /// 1000 ms)". A push through another broker opens no gate here, so only the
-/// re-check finds it: within an initial interval early in the wait, within
-/// the cap later. (The SQL path: the hot-list learns of such pushes from
+/// re-check finds it: within an initial interval early in the wait, after a
+/// grown one once three re-checks found nothing, within the cap later. (The SQL path: the hot-list learns of such pushes from
 /// its reseed instead, tests/pop.rs.)
 #[tokio::test]
 async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
@@ -311,7 +311,9 @@ async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
     let c = common::cluster();
     let there = Broker::spawn(here.db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), c.url(&here.db))]).await;
     assert_eq!(here.pop("/api/v1/pop/queue/far?consumerGroup=g").await.status, 204);
-    for (park, within) in [(150u64, 250u64), (3000, 1150)] {
+    // (parked for, found no sooner than, found within) ms after the push: the
+    // first three re-checks come 100 ms apart, the fourth 600 ms after the third.
+    for (park, after, within) in [(150u64, 0u64, 250u64), (350, 300, 900), (3000, 0, 1150)] {
         let (http, url) = (here.http.clone(), format!("{}/api/v1/pop/queue/far?consumerGroup=g&wait=true&timeout=10000&autoAck=true", here.url));
         let parked = tokio::spawn(async move {
             let r = http.get(&url).send().await.unwrap();
@@ -324,5 +326,6 @@ async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
         let took = at.saturating_duration_since(pushed);
         assert_eq!(status, 200);
         assert!(took < std::time::Duration::from_millis(within), "parked {park} ms: found {took:?} after the push");
+        assert!(took >= std::time::Duration::from_millis(after), "parked {park} ms: found {took:?} after the push: the interval did not grow");
     }
 }

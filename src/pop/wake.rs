@@ -47,6 +47,7 @@ impl WakeGates {
             !opened.contains(queue) && opened.insert(queue.to_string())
         };
         if first {
+            metrics::counter!(crate::metrics::WAKE_OPENS, "how" => "push").increment(1);
             if let Some(g) = self.gates.lock().expect("gates lock poisoned").get(queue) {
                 g.notify_waiters();
             }
@@ -66,6 +67,7 @@ impl WakeGates {
         if dirty.is_empty() {
             return;
         }
+        metrics::counter!(crate::metrics::WAKE_OPENS, "how" => "tick").increment(dirty.len() as u64);
         let mut gates = self.gates.lock().expect("gates lock poisoned");
         for q in dirty {
             if let Some(g) = gates.get(&q) {
