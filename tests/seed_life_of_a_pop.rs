@@ -324,3 +324,27 @@ async fn the_empty_scan_watermark_advances_only_when_the_group_has_nothing_pendi
     b.push_to("wm", "p", &[json!(2)]).await;
     assert_eq!(b.pop("/api/v1/pop/queue/wm?consumerGroup=g").await.data(), [json!(2)]);
 }
+
+/// "What to expect when things go wrong: Client disconnects mid-pop |
+/// checked-out ring candidates are re-appended by a drop guard; the SQL claim
+/// either committed (and the lease will expire) or rolled back." The client
+/// gives up while its claim waits on a lock inside PostgreSQL; whichever way
+/// the claim went, the message is neither lost nor stranded out of the ring:
+/// once the lease it may have taken expires, the next plain pop gets it.
+#[tokio::test]
+async fn a_client_that_disconnects_mid_pop_loses_nothing_and_strands_no_candidate() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("gone", "p", &[json!("kept")]).await;
+        assert_eq!(b.pop("/api/v1/pop/queue/gone?consumerGroup=g&batch=1&leaseSeconds=1").await.status, 200);
+        tokio::time::sleep(Duration::from_millis(1100)).await; // the ring knows p; its lease has expired
+        let sql = b.sql().await;
+        sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
+        let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+        let r = impatient.get(format!("{}/api/v1/pop/queue/gone?consumerGroup=g&leaseSeconds=1", b.url)).send().await;
+        assert!(r.is_err(), "{mode}: the client gave up first");
+        sql.batch_execute("ROLLBACK").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1300)).await; // any lease the abandoned claim took expires
+        let r = b.pop("/api/v1/pop/queue/gone?consumerGroup=g&autoAck=true").await;
+        assert_eq!(r.data(), [json!("kept")], "{mode}: redelivered, from the ring or the scan");
+    }
+}
