@@ -1,12 +1,15 @@
-//! The pop path over HTTP against a real PostgreSQL (seeds/*.md, API.md
-//! §2.2, issue 3). Behavioural tests run in both candidate modes: the
-//! hot-list ring and the SQL candidate scan.
+//! The pop path over HTTP against a real PostgreSQL, beyond what the seed
+//! pages say (those statements live in tests/seed_*.rs, one file per page):
+//! the claim's internals (the set-based pass, the ring's look-again, the
+//! registration race), API.md's server defaults and a many-consumer drain.
+//! Behavioural tests run in both candidate modes: the hot-list ring and the
+//! SQL candidate scan.
 
 #[macro_use]
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Broker;
 use serde_json::{json, Value};
@@ -14,128 +17,14 @@ use serde_json::{json, Value};
 use common::broker_in_mode as broker;
 
 both_modes!(
-    an_empty_pop_is_a_bare_204_and_provisions_the_queue,
-    a_leased_pop_answers_the_documented_shape_in_offset_order,
-    the_batch_is_a_budget_shared_across_claimed_partitions,
-    partitions_caps_the_claimed_partitions_and_zero_means_no_cap,
-    an_expired_lease_redelivers_the_same_span_and_counts_an_attempt,
-    subscription_mode_new_skips_the_backlog_but_never_in_queue_mode,
-    the_stored_subscription_wins_and_new_partitions_deliver_everything,
-    window_buffer_holds_a_partition_that_is_still_being_written,
-    delayed_processing_hides_young_messages,
+    default_subscription_mode_applies_to_named_groups_and_never_to_queue_mode,
     twenty_consumers_on_fifty_partitions_get_every_message_exactly_once,
     cursors_a_group_made_before_it_registered_are_kept_at_first_contact,
 );
 
-async fn an_empty_pop_is_a_bare_204_and_provisions_the_queue(hotlist: bool) {
-    let b = broker(hotlist).await;
-    let r = b.pop("/api/v1/pop/queue/shop.orders").await;
-    assert_eq!(r.status, 204);
-    assert!(r.body.is_none());
-    assert_eq!(r.content_length, None, "no Content-Length announcing a body");
-    let row = b.sql().await.query_one("SELECT namespace, task FROM queen.queues WHERE name = 'shop.orders'", &[]).await.unwrap();
-    assert_eq!((row.get::<_, String>(0), row.get::<_, String>(1)), ("shop".into(), "orders".into()));
-}
-
-async fn a_leased_pop_answers_the_documented_shape_in_offset_order(hotlist: bool) {
-    let b = broker(hotlist).await;
-    let pushed = b.push_to("q", "p", &[json!({"n": 0}), json!([1, "é"]), json!(null), json!("three"), json!(4)]).await;
-    let r = b.pop("/api/v1/pop/queue/q?batch=3&consumerGroup=billing").await;
-    assert_eq!(r.status, 200);
-    let body = r.body.clone().unwrap();
-    assert_eq!(body["success"], true);
-    assert_eq!(body["queue"], "q");
-    assert_eq!(body["partition"], "p");
-    assert_eq!(body["consumerGroup"], "billing");
-    assert_eq!(body["partitionsClaimed"], 1);
-    let lease = body["leaseId"].as_str().unwrap();
-    assert_eq!(uuid::Uuid::parse_str(lease).unwrap().get_version_num(), 7);
-    let pid = body["partitionId"].as_str().unwrap();
-    assert_eq!(pid, pushed[0]["partitionId"].as_str().unwrap());
-    assert_eq!(r.data(), [json!({"n": 0}), json!([1, "é"]), json!(null)]);
-    for (i, m) in r.messages().iter().enumerate() {
-        assert_eq!(m["id"], pushed[i]["messageId"]);
-        assert_eq!(m["transactionId"], pushed[i]["transactionId"]);
-        assert_eq!(m["partitionId"], pid);
-        assert_eq!(m["partition"], "p");
-        assert_eq!(m["leaseId"], lease);
-        assert_eq!(m["consumerGroup"], "billing");
-        assert_eq!(m["traceId"], Value::Null);
-        assert_eq!(m["producerSub"], Value::Null);
-        let created = m["createdAt"].as_str().unwrap();
-        assert_eq!(created.len(), "2026-07-30T11:02:44.512873Z".len(), "{created}");
-        assert!(created.ends_with('Z'));
-        chrono::DateTime::parse_from_rfc3339(created).unwrap();
-        let keys: HashSet<&str> = m.as_object().unwrap().keys().map(|k| k.as_str()).collect();
-        let expected: HashSet<&str> = ["id", "transactionId", "traceId", "data", "producerSub", "createdAt", "partitionId", "partition", "leaseId", "consumerGroup"].into();
-        assert_eq!(keys, expected, "no offset, attempt count or queue name per message");
-    }
-    let row = b
-        .sql()
-        .await
-        .query_one("SELECT committed, batch_end, worker_id, attempt_count FROM queen.consumers WHERE consumer_group = 'billing'", &[])
-        .await
-        .unwrap();
-    assert_eq!(row.get::<_, i64>(0), -1, "a lease does not move the cursor");
-    assert_eq!(row.get::<_, i64>(1), 2);
-    assert_eq!(row.get::<_, String>(2), lease);
-    assert_eq!(row.get::<_, i32>(3), 1);
-}
-
-async fn the_batch_is_a_budget_shared_across_claimed_partitions(hotlist: bool) {
-    let b = broker(hotlist).await;
-    for p in ["a", "b", "c", "d"] {
-        b.push_to("q", p, &[json!(format!("{p}0")), json!(format!("{p}1")), json!(format!("{p}2"))]).await;
-    }
-    let r = b.pop("/api/v1/pop/queue/q?batch=5&partitions=4").await;
-    let msgs = r.messages();
-    assert_eq!(msgs.len(), 5);
-    assert_eq!(r.body.as_ref().unwrap()["partitionsClaimed"], 2);
-    // Grouped by partition, each in offset order.
-    let first = msgs[0]["partition"].as_str().unwrap().to_string();
-    let second = msgs[3]["partition"].as_str().unwrap().to_string();
-    let data: Vec<String> = r.data().iter().map(|d| d.as_str().unwrap().to_string()).collect();
-    assert_eq!(data, [format!("{first}0"), format!("{first}1"), format!("{first}2"), format!("{second}0"), format!("{second}1")]);
-}
-
-async fn partitions_caps_the_claimed_partitions_and_zero_means_no_cap(hotlist: bool) {
-    let b = broker(hotlist).await;
-    for p in 0..5 {
-        b.push_to("q", &format!("p{p}"), &[json!(p)]).await;
-    }
-    let r = b.pop("/api/v1/pop/queue/q?batch=100&partitions=2&consumerGroup=g1").await;
-    assert_eq!(r.body.unwrap()["partitionsClaimed"], 2);
-    let r = b.pop("/api/v1/pop/queue/q?batch=100&partitions=0&consumerGroup=g2").await;
-    assert_eq!(r.messages().len(), 5);
-    let r = b.pop("/api/v1/pop/queue/q?batch=100&consumerGroup=g3").await;
-    assert_eq!(r.body.unwrap()["partitionsClaimed"], 1, "the default is one partition");
-}
-
-async fn an_expired_lease_redelivers_the_same_span_and_counts_an_attempt(hotlist: bool) {
-    let b = broker(hotlist).await;
-    b.push_to("q", "p", &[json!("a"), json!("b")]).await;
-    let first = b.pop("/api/v1/pop/queue/q?leaseSeconds=1").await;
-    assert_eq!(first.data(), [json!("a"), json!("b")]);
-    let sql = b.sql().await;
-    let lease: f64 = sql
-        .query_one("SELECT extract(epoch FROM lease_expires_at - lease_acquired_at)::float8 FROM queen.consumers", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(lease, 1.0);
-    assert_eq!(b.pop("/api/v1/pop/queue/q").await.status, 204);
-    tokio::time::sleep(Duration::from_millis(1100)).await; // the lease length is the rule under test
-    let again = b.pop("/api/v1/pop/queue/q").await;
-    assert_eq!(again.data(), [json!("a"), json!("b")]);
-    assert_eq!(again.messages()[0]["id"], first.messages()[0]["id"]);
-    assert_ne!(again.body.as_ref().unwrap()["leaseId"], first.body.as_ref().unwrap()["leaseId"]);
-    let row = sql.query_one("SELECT attempt_count, retry_count, extract(epoch FROM lease_expires_at - lease_acquired_at)::float8 FROM queen.consumers", &[]).await.unwrap();
-    assert_eq!(row.get::<_, i32>(0), 2);
-    assert_eq!(row.get::<_, i32>(1), 0, "expiry never spends the retry budget");
-    assert_eq!(row.get::<_, f64>(2), 60.0, "an implicit queue leases for 60 seconds");
-}
-
-async fn subscription_mode_new_skips_the_backlog_but_never_in_queue_mode(hotlist: bool) {
+/// API.md §6: `DEFAULT_SUBSCRIPTION_MODE` is the server's default for a named
+/// group's first contact; queue mode always reads from the beginning.
+async fn default_subscription_mode_applies_to_named_groups_and_never_to_queue_mode(hotlist: bool) {
     let b = broker(hotlist).await;
     b.push_to("q", "p", &[json!("old")]).await;
     assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=fresh&subscriptionMode=new").await.status, 204);
@@ -147,45 +36,6 @@ async fn subscription_mode_new_skips_the_backlog_but_never_in_queue_mode(hotlist
     assert_eq!(b2.pop("/api/v1/pop/queue/q?consumerGroup=g").await.status, 204, "DEFAULT_SUBSCRIPTION_MODE applies to named groups");
     assert_eq!(b2.pop("/api/v1/pop/queue/q?consumerGroup=h&subscriptionFrom=now").await.status, 204);
     assert_eq!(b2.pop("/api/v1/pop/queue/q").await.data(), [json!("old")], "but never to queue mode");
-}
-
-async fn the_stored_subscription_wins_and_new_partitions_deliver_everything(hotlist: bool) {
-    let b = broker(hotlist).await;
-    b.push_to("q", "p1", &[json!("before")]).await;
-    // First contact with the default (all): later pops asking for `new` change nothing.
-    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=all-group&autoAck=true").await.data(), [json!("before")]);
-    b.push_to("q", "p1", &[json!("x")]).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=all-group&autoAck=true&subscriptionMode=new").await.data(), [json!("x")]);
-    // A `new` group: its record holds the subscription time; a partition
-    // created afterwards delivers its whole backlog.
-    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=new-group&subscriptionMode=new").await.status, 204);
-    let mode: String = b.sql().await.query_one("SELECT subscription_mode FROM queen.subscriptions WHERE consumer_group = 'new-group'", &[]).await.unwrap().get(0);
-    assert_eq!(mode, "new");
-    b.push_to("q", "p2", &[json!("late-1"), json!("late-2")]).await;
-    let r = b.pop("/api/v1/pop/queue/q?consumerGroup=new-group&batch=10").await;
-    assert_eq!(r.data(), [json!("late-1"), json!("late-2")]);
-}
-
-async fn window_buffer_holds_a_partition_that_is_still_being_written(hotlist: bool) {
-    let b = broker(hotlist).await;
-    b.push_to("q", "p", &[json!(0)]).await;
-    b.sql().await.execute("UPDATE queen.queues SET window_buffer = 1 WHERE name = 'q'", &[]).await.unwrap();
-    b.push_to("q", "p", &[json!(1)]).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10").await.status, 204);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10").await.data(), [json!(0), json!(1)]);
-}
-
-async fn delayed_processing_hides_young_messages(hotlist: bool) {
-    let b = broker(hotlist).await;
-    b.push_to("q", "p", &[json!("old")]).await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    b.sql().await.execute("UPDATE queen.queues SET delayed_processing = 1 WHERE name = 'q'", &[]).await.unwrap();
-    b.push_to("q", "p", &[json!("young")]).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("old")], "the delayed tail is cut off");
-    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.status, 204);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("young")]);
 }
 
 async fn twenty_consumers_on_fifty_partitions_get_every_message_exactly_once(hotlist: bool) {
@@ -416,61 +266,6 @@ async fn pop_maintenance_answers_204_with_no_work_done() {
     assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": "yes"})).await.0, 400);
     b.post("/api/v1/system/maintenance/pop", json!({"enabled": false})).await;
     assert_eq!(b.pop("/api/v1/pop/queue/q").await.data(), [json!(1)]);
-}
-
-/// A broker whose queue `mw` has minPopWaitTime = `window_ms`, with its ring
-/// for the queue-mode group known and empty.
-async fn min_wait_broker(window_ms: i32) -> Broker {
-    let b = Broker::start_with(&[("QUEEN_CACHE_REFRESH_INTERVAL_MS", "100")]).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/mw").await.status, 204);
-    b.sql().await.execute("UPDATE queen.queues SET min_pop_wait_time = $1 WHERE name = 'mw'", &[&window_ms]).await.unwrap();
-    assert_eq!(b.pop("/api/v1/pop/queue/mw").await.status, 204); // the ring's first reseed
-    tokio::time::sleep(Duration::from_millis(300)).await; // two cache refreshes
-    b
-}
-
-#[tokio::test]
-async fn min_pop_wait_holds_an_under_full_batch_until_the_window_elapses() {
-    let b = min_wait_broker(800).await;
-    b.push_to("mw", "p", &[json!(1), json!(2)]).await;
-    let started = Instant::now();
-    let r = b.pop("/api/v1/pop/queue/mw?wait=true&batch=10&timeout=5000").await;
-    assert_eq!(r.data(), [json!(1), json!(2)]);
-    assert!(started.elapsed() >= Duration::from_millis(750), "held {:?}", started.elapsed());
-    // batch 1, or no wait: never held.
-    b.push_to("mw", "q", &[json!(3)]).await;
-    let started = Instant::now();
-    assert_eq!(b.pop("/api/v1/pop/queue/mw?wait=false&batch=10").await.data(), [json!(3)]);
-    assert!(started.elapsed() < Duration::from_millis(500));
-}
-
-#[tokio::test]
-async fn min_pop_wait_ends_when_the_batch_would_fill() {
-    let b = min_wait_broker(10_000).await;
-    b.push_to("mw", "p", &[json!(1), json!(2)]).await;
-    let started = Instant::now();
-    let waiter = {
-        let url = format!("{}/api/v1/pop/queue/mw?wait=true&batch=4&timeout=20000", b.url);
-        tokio::spawn(async move { reqwest::get(url).await.unwrap().json::<Value>().await.unwrap() })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    b.push_to("mw", "p", &[json!(3), json!(4)]).await;
-    let body = waiter.await.unwrap();
-    assert_eq!(body["messages"].as_array().unwrap().len(), 4);
-    assert!(started.elapsed() < Duration::from_millis(3000), "released by the full batch, not the window");
-}
-
-#[tokio::test]
-async fn min_pop_wait_never_delays_an_empty_queue_or_the_deadline() {
-    let b = min_wait_broker(10_000).await;
-    let started = Instant::now();
-    assert_eq!(b.pop("/api/v1/pop/queue/mw?wait=true&batch=10&timeout=300").await.status, 204);
-    assert!(started.elapsed() < Duration::from_millis(2000));
-    b.push_to("mw", "p", &[json!(1)]).await;
-    let started = Instant::now();
-    assert_eq!(b.pop("/api/v1/pop/queue/mw?wait=true&batch=10&timeout=400").await.data(), [json!(1)]);
-    let took = started.elapsed();
-    assert!(took >= Duration::from_millis(350) && took < Duration::from_millis(2000), "bounded by the deadline: {took:?}");
 }
 
 /// A push through another broker is invisible to this broker's rings until a

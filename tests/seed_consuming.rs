@@ -339,6 +339,9 @@ both_modes!(
     auto_ack_commits_inside_the_pop_and_returns_an_empty_lease_id,
     subscription_from_a_timestamp_starts_at_the_first_later_segment,
     a_long_poll_is_woken_by_a_push,
+    a_pop_that_delivered_something_answers_the_documented_envelope_and_the_cursor_stands_still,
+    the_batch_is_a_budget_that_claimed_partitions_share,
+    a_new_group_receives_everything_pushed_to_a_partition_created_after_it_subscribed,
 );
 
 /// "A pop that claims a partition holds it until the batch is acked or the
@@ -456,4 +459,87 @@ async fn pushes_to_a_hot_queue_open_its_wake_gate_at_most_twice_a_tick_not_once_
             assert!(n < PUSHES as f64, "{mode}: {n} openings for {PUSHES} pushes");
         }
     }
+}
+
+/// "What comes back": "A pop that delivered something returns `200` with"
+/// the documented envelope, messages in offset order with their ten fields;
+/// and "The cursor stands still for the whole stretch in the middle: the pop
+/// wrote a claim, not a commit" (`worker_id`, `batch_end`, the attempt).
+async fn a_pop_that_delivered_something_answers_the_documented_envelope_and_the_cursor_stands_still(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    let pushed = b.push_to("q", "p", &[json!({"n": 0}), json!([1, "é"]), json!(null), json!("three"), json!(4)]).await;
+    let r = b.pop("/api/v1/pop/queue/q?batch=3&consumerGroup=billing").await;
+    assert_eq!(r.status, 200);
+    let body = r.body.clone().unwrap();
+    assert_eq!(body["success"], true);
+    assert_eq!(body["queue"], "q");
+    assert_eq!(body["partition"], "p");
+    assert_eq!(body["consumerGroup"], "billing");
+    assert_eq!(body["partitionsClaimed"], 1);
+    let lease = body["leaseId"].as_str().unwrap();
+    assert_eq!(uuid::Uuid::parse_str(lease).unwrap().get_version_num(), 7);
+    let pid = body["partitionId"].as_str().unwrap();
+    assert_eq!(pid, pushed[0]["partitionId"].as_str().unwrap());
+    assert_eq!(r.data(), [json!({"n": 0}), json!([1, "é"]), json!(null)]);
+    for (i, m) in r.messages().iter().enumerate() {
+        assert_eq!(m["id"], pushed[i]["messageId"]);
+        assert_eq!(m["transactionId"], pushed[i]["transactionId"]);
+        assert_eq!(m["partitionId"], pid);
+        assert_eq!(m["partition"], "p");
+        assert_eq!(m["leaseId"], lease);
+        assert_eq!(m["consumerGroup"], "billing");
+        assert_eq!(m["traceId"], Value::Null);
+        assert_eq!(m["producerSub"], Value::Null);
+        let created = m["createdAt"].as_str().unwrap();
+        assert_eq!(created.len(), "2026-07-30T11:02:44.512873Z".len(), "{created}");
+        assert!(created.ends_with('Z'));
+        chrono::DateTime::parse_from_rfc3339(created).unwrap();
+        let keys: std::collections::HashSet<&str> = m.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        let expected: std::collections::HashSet<&str> = ["id", "transactionId", "traceId", "data", "producerSub", "createdAt", "partitionId", "partition", "leaseId", "consumerGroup"].into();
+        assert_eq!(keys, expected, "no offset, attempt count or queue name per message");
+    }
+    let row = b
+        .sql()
+        .await
+        .query_one("SELECT committed, batch_end, worker_id, attempt_count FROM queen.consumers WHERE consumer_group = 'billing'", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), -1, "a lease does not move the cursor");
+    assert_eq!(row.get::<_, i64>(1), 2);
+    assert_eq!(row.get::<_, String>(2), lease);
+    assert_eq!(row.get::<_, i32>(3), 1);
+}
+
+/// "`batch` | `200` | Maximum messages to return. A budget, not a promise;
+/// when several partitions are claimed they share it." Grouped by partition,
+/// each partition's messages in offset order.
+async fn the_batch_is_a_budget_that_claimed_partitions_share(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    for p in ["a", "b", "c", "d"] {
+        b.push_to("q", p, &[json!(format!("{p}0")), json!(format!("{p}1")), json!(format!("{p}2"))]).await;
+    }
+    let r = b.pop("/api/v1/pop/queue/q?batch=5&partitions=4").await;
+    let msgs = r.messages();
+    assert_eq!(msgs.len(), 5);
+    assert_eq!(r.body.as_ref().unwrap()["partitionsClaimed"], 2);
+    // Grouped by partition, each in offset order.
+    let first = msgs[0]["partition"].as_str().unwrap().to_string();
+    let second = msgs[3]["partition"].as_str().unwrap().to_string();
+    let data: Vec<String> = r.data().iter().map(|d| d.as_str().unwrap().to_string()).collect();
+    assert_eq!(data, [format!("{first}0"), format!("{first}1"), format!("{first}2"), format!("{second}0"), format!("{second}1")]);
+}
+
+/// "Partitions created later inherit the stored subscription. A partition
+/// that appears after the group subscribed is seeded from the stored
+/// timestamp, which means a `new` group receives everything ever pushed to
+/// that new partition, not nothing."
+async fn a_new_group_receives_everything_pushed_to_a_partition_created_after_it_subscribed(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("q", "p1", &[json!("before")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=new-group&subscriptionMode=new").await.status, 204);
+    let mode: String = b.sql().await.query_one("SELECT subscription_mode FROM queen.subscriptions WHERE consumer_group = 'new-group'", &[]).await.unwrap().get(0);
+    assert_eq!(mode, "new", "the durable record");
+    b.push_to("q", "p2", &[json!("late-1"), json!("late-2")]).await;
+    let r = b.pop("/api/v1/pop/queue/q?consumerGroup=new-group&batch=10").await;
+    assert_eq!(r.data(), [json!("late-1"), json!("late-2")]);
 }

@@ -348,3 +348,20 @@ async fn a_client_that_disconnects_mid_pop_loses_nothing_and_strands_no_candidat
         assert_eq!(r.data(), [json!("kept")], "{mode}: redelivered, from the ring or the scan");
     }
 }
+
+both_modes!(delayed_processing_makes_only_segments_at_least_d_seconds_old_visible);
+
+/// "`delayedProcessing` (seconds) makes only segments at least `D` seconds
+/// old visible": in one partition the older segment is delivered and the
+/// young tail cut off until it has aged.
+async fn delayed_processing_makes_only_segments_at_least_d_seconds_old_visible(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("q", "p", &[json!("old")]).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    b.sql().await.execute("UPDATE queen.queues SET delayed_processing = 1 WHERE name = 'q'", &[]).await.unwrap();
+    b.push_to("q", "p", &[json!("young")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("old")], "the delayed tail is cut off");
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.status, 204);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("young")]);
+}

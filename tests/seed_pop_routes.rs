@@ -47,10 +47,11 @@ async fn a_queue_created_or_updated_through_configure_has_a_300_second_lease() {
         b.post("/api/v1/configure", json!({"queue": "chosen", "options": {"leaseTime": 120}})).await;
         let (_, body) = b.post("/api/v1/configure", json!({"queue": "chosen", "options": {"retryLimit": 1}})).await;
         assert_eq!(body["options"]["leaseTime"], 120, "{mode}: configure merges");
-        // The lease a pop takes follows the queue's, and leaseSeconds <= 0 is absent.
-        for (queue, want) in [("implicit", 300.0), ("chosen", 120.0)] {
+        // The lease a pop takes follows the queue's, leaseSeconds <= 0 is
+        // absent, and a positive one wins for this call only.
+        for (queue, lease, want) in [("implicit", "0", 300.0), ("chosen", "-3", 120.0), ("created", "7", 7.0)] {
             b.push_to(queue, "p", &[json!(2)]).await;
-            let r = b.pop(&format!("/api/v1/pop/queue/{queue}?leaseSeconds=0&batch=10")).await;
+            let r = b.pop(&format!("/api/v1/pop/queue/{queue}?leaseSeconds={lease}&batch=10")).await;
             assert_eq!(r.status, 200, "{mode} {queue}");
             let left: f64 = b
                 .sql()
