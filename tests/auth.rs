@@ -50,6 +50,8 @@ async fn every_level_against_a_route_of_each_class() {
         ("POST", "/api/v1/push", vec!["write-only", "read-write", "admin"]),
         ("GET", "/api/v1/resources/queues", vec!["read-only", "read-write", "admin"]),
         ("GET", "/api/v1/pop/queue/authq", vec!["read-write", "admin"]),
+        ("GET", "/api/v1/pop/queue/authq/partition/p", vec!["read-write", "admin"]),
+        ("GET", "/api/v1/pop?namespace=authq", vec!["read-write", "admin"]),
         ("POST", "/api/v1/stats/refresh", vec!["admin"]),
     ];
     for (method, path, allowed) in &routes {

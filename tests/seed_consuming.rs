@@ -189,6 +189,10 @@ async fn the_long_poll_timeout_defaults_to_default_timeout_then_pop_default_time
             assert_eq!(b.pop("/api/v1/pop/queue/t?wait=true").await.status, 204, "{mode}");
             let took = started.elapsed();
             assert!(took >= Duration::from_millis(want - 50) && took < Duration::from_millis(want + 1500), "{mode} {env:?}: {took:?}");
+            // "It only has an effect when wait=true" (seeds/pop-routes.md).
+            let started = Instant::now();
+            assert_eq!(b.pop("/api/v1/pop/queue/t?timeout=5000").await.status, 204, "{mode}");
+            assert!(started.elapsed() < Duration::from_millis(500), "{mode}: a single attempt: {:?}", started.elapsed());
         }
     }
 }

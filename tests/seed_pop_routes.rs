@@ -6,6 +6,8 @@
 #[macro_use]
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::{brokers_in_both_modes, Broker};
 use serde_json::json;
 
@@ -202,14 +204,14 @@ async fn a_push_wakes_a_parked_discovery_pop_of_its_scope() {
         let url = format!("{}/api/v1/pop?namespace=wake&consumerGroup=g&wait=true&timeout=10000&autoAck=true", b.url);
         let waiter = tokio::spawn(async move {
             let r = reqwest::get(url).await.unwrap();
-            (r.status().as_u16(), std::time::Instant::now())
+            (r.status().as_u16(), Instant::now())
         });
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         b.push_to("wake.up", "p", &[json!(1)]).await;
-        let pushed = std::time::Instant::now();
+        let pushed = Instant::now();
         let (status, at) = waiter.await.unwrap();
         assert_eq!(status, 200, "{mode}");
-        assert!(at.duration_since(pushed) < std::time::Duration::from_millis(500), "{mode}: woken, not re-checked: {:?}", at.duration_since(pushed));
+        assert!(at.duration_since(pushed) < Duration::from_millis(500), "{mode}: woken, not re-checked: {:?}", at.duration_since(pushed));
     }
 }
 
@@ -242,10 +244,10 @@ async fn min_pop_wait_takes_effect_on_the_wildcard_route_only() {
     for (mode, b) in brokers_in_both_modes(&[]).await {
         b.post("/api/v1/configure", json!({"queue": "mw", "options": {"minPopWaitTime": 5000}})).await;
         b.push_to("mw", "p", &[json!(1)]).await;
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let r = b.pop("/api/v1/pop/queue/mw/partition/p?wait=true&batch=10&timeout=10000&autoAck=true").await;
         assert_eq!(r.data(), [json!(1)], "{mode}");
-        assert!(started.elapsed() < std::time::Duration::from_millis(1000), "{mode}: not held: {:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_millis(1000), "{mode}: not held: {:?}", started.elapsed());
     }
 }
 
@@ -318,15 +320,45 @@ async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
         let (http, url) = (here.http.clone(), format!("{}/api/v1/pop/queue/far?consumerGroup=g&wait=true&timeout=10000&autoAck=true", here.url));
         let parked = tokio::spawn(async move {
             let r = http.get(&url).send().await.unwrap();
-            (r.status().as_u16(), std::time::Instant::now())
+            (r.status().as_u16(), Instant::now())
         });
-        tokio::time::sleep(std::time::Duration::from_millis(park)).await;
+        tokio::time::sleep(Duration::from_millis(park)).await;
         there.push_to("far", "p", &[json!(park)]).await;
-        let pushed = std::time::Instant::now();
+        let pushed = Instant::now();
         let (status, at) = parked.await.unwrap();
         let took = at.saturating_duration_since(pushed);
         assert_eq!(status, 200);
-        assert!(took < std::time::Duration::from_millis(within), "parked {park} ms: found {took:?} after the push");
-        assert!(took >= std::time::Duration::from_millis(after), "parked {park} ms: found {took:?} after the push: the interval did not grow");
+        assert!(took < Duration::from_millis(within), "parked {park} ms: found {took:?} after the push");
+        assert!(took >= Duration::from_millis(after), "parked {park} ms: found {took:?} after the push: the interval did not grow");
+    }
+}
+
+/// "Two queue options can make a message that is committed still not
+/// deliverable ... Both are enforced in SQL, so they apply to every pop
+/// route." Held here on the targeted and the discovery route (the wildcard
+/// route's holds are tests/seed_life_of_a_pop.rs'), and released once they
+/// have passed.
+#[tokio::test]
+async fn delayed_processing_and_window_buffer_hold_a_message_on_every_pop_route() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        for (queue, option) in [("vis.delayed", "delayedProcessing"), ("vis.window", "windowBuffer")] {
+            let task = queue.split('.').nth(1).unwrap();
+            // Labels as the client sends them: configure does not derive them from the name.
+            let (status, body) = b.post("/api/v1/configure", json!({"queue": queue, "namespace": "vis", "task": task, "options": {option: 1}})).await;
+            assert_eq!(status, 200, "{body}");
+            b.push_to(queue, "p", &[json!(option)]).await;
+            let routes = [
+                format!("/api/v1/pop/queue/{queue}/partition/p?consumerGroup=targeted&autoAck=true"),
+                format!("/api/v1/pop?namespace=vis&task={task}&consumerGroup=discovery&autoAck=true"),
+                format!("/api/v1/pop/queue/{queue}?consumerGroup=wildcard&autoAck=true"),
+            ];
+            for route in &routes {
+                assert_eq!(b.pop(route).await.status, 204, "{mode} {option}: {route} delivered a message still held");
+            }
+            tokio::time::sleep(Duration::from_millis(1200)).await; // the option's length is the rule under test
+            for route in &routes {
+                assert_eq!(b.pop(route).await.data(), [json!(option)], "{mode} {option}: {route}");
+            }
+        }
     }
 }
