@@ -254,20 +254,6 @@ async fn unparseable_parameters_answer_400_naming_them() {
     }
 }
 
-#[tokio::test]
-async fn pop_maintenance_answers_204_with_no_work_done() {
-    let b = Broker::start().await;
-    b.push_to("q", "p", &[json!(1)]).await;
-    assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": true})).await, (200, json!({"enabled": true})));
-    assert_eq!(b.get("/api/v1/system/maintenance/pop").await.1, json!({"enabled": true}));
-    assert_eq!(b.pop("/api/v1/pop/queue/q").await.status, 204);
-    let cursors: i64 = b.sql().await.query_one("SELECT count(*) FROM queen.consumers", &[]).await.unwrap().get(0);
-    assert_eq!(cursors, 0, "no work was done");
-    assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": "yes"})).await.0, 400);
-    b.post("/api/v1/system/maintenance/pop", json!({"enabled": false})).await;
-    assert_eq!(b.pop("/api/v1/pop/queue/q").await.data(), [json!(1)]);
-}
-
 /// A push through another broker is invisible to this broker's rings until a
 /// reseed; idle rings are reseeded in the background (one query for every
 /// due ring), which opens the gate of a long-poll parked here.

@@ -365,3 +365,99 @@ async fn delayed_processing_makes_only_segments_at_least_d_seconds_old_visible(h
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(b.pop("/api/v1/pop/queue/q?batch=10&autoAck=true").await.data(), [json!("young")]);
 }
+
+/// "It waits on the queue's wake gate, which a local push, a peer's mesh
+/// hint, an ack-promote or the background wheel tick can open." An ack that
+/// releases a lease promotes what lies behind it: a pop of the same group,
+/// parked long enough for its backoff to reach the 1 s cap, gets the rest at
+/// once rather than at its next re-check.
+#[tokio::test]
+async fn an_ack_that_releases_a_lease_wakes_a_parked_pop_of_the_group() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("promote", "p", &[json!("first"), json!("second")]).await;
+        let held = b.pop("/api/v1/pop/queue/promote?batch=1&consumerGroup=g").await.body.expect("the first");
+        let waiter = parked(&b, "/api/v1/pop/queue/promote?batch=1&consumerGroup=g&wait=true&timeout=15000&autoAck=true");
+        // Re-checks come at 0.1, 0.2, 0.3, 0.9, 1.7, 2.7, 3.7 and 4.7 s of
+        // parking: an ack at 3.8 s is 0.9 s from the next one.
+        tokio::time::sleep(Duration::from_millis(3800)).await;
+        let pid = held["partitionId"].as_str().unwrap();
+        let txn = held["messages"][0]["transactionId"].as_str().unwrap();
+        let acked = Instant::now();
+        let r = b.ack_batch(Some("g"), &[(txn, pid, "completed", Some(held["leaseId"].as_str().unwrap()))]).await;
+        assert_eq!(r[0]["success"], true, "{mode}: {r:?}");
+        let (body, at) = waiter.await.unwrap();
+        assert_eq!(body.expect("delivered")["messages"][0]["data"], "second", "{mode}");
+        let took = at.duration_since(acked);
+        assert!(took < Duration::from_millis(300), "{mode}: answered {took:?} after the ack: the backoff's time, not the wake's");
+    }
+}
+
+/// "Redelivery detection is the `attempt_offset` comparison: a batch
+/// starting at the same offset as the previous delivery means the cursor
+/// did not move in between (a nack, or a lease expiry), so `attempt_count`
+/// increments; a batch starting anywhere else is fresh work and resets it to
+/// 1. `attempt_count` is telemetry and never spends the retry budget".
+#[tokio::test]
+async fn the_attempt_count_grows_when_a_span_is_redelivered_and_restarts_at_one_on_fresh_work() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.post("/api/v1/configure", json!({"queue": "att", "options": {"retryLimit": 5}})).await;
+        b.push_to("att", "p", &[json!(1), json!(2), json!(3)]).await;
+        let attempts = || async {
+            let r = b.sql().await.query_one("SELECT attempt_count, retry_count FROM queen.consumers WHERE consumer_group = 'g'", &[]).await.unwrap();
+            (r.get::<_, i32>(0), r.get::<_, i32>(1))
+        };
+        let first = b.pop("/api/v1/pop/queue/att?batch=2&consumerGroup=g").await.body.expect("1, 2");
+        assert_eq!(attempts().await, (1, 0), "{mode}");
+        // A nack releases the span unmoved: the same span again, attempt 2.
+        let pid = first["partitionId"].as_str().unwrap();
+        let t0 = first["messages"][0]["transactionId"].as_str().unwrap();
+        let r = b.ack_batch(Some("g"), &[(t0, pid, "failed", Some(first["leaseId"].as_str().unwrap()))]).await;
+        assert_eq!(r[0]["success"], true, "{mode}: {r:?}");
+        let again = b.pop("/api/v1/pop/queue/att?batch=2&consumerGroup=g").await.body.expect("redelivered");
+        assert_eq!(again["messages"][0]["data"], 1, "{mode}");
+        assert_eq!(attempts().await.0, 2, "{mode}: a redelivery of the same span");
+        assert_eq!(attempts().await.1, 1, "{mode}: the nack, not the redelivery, spent the retry");
+        // Completing the span moves the cursor: the next batch is fresh work.
+        let items: Vec<(&str, &str, &str, Option<&str>)> = again["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["transactionId"].as_str().unwrap(), pid, "completed", again["leaseId"].as_str()))
+            .collect();
+        b.ack_batch(Some("g"), &items).await;
+        let fresh = b.pop("/api/v1/pop/queue/att?batch=2&consumerGroup=g").await.body.expect("3");
+        assert_eq!(fresh["messages"][0]["data"], 3, "{mode}");
+        assert_eq!(attempts().await.0, 1, "{mode}: fresh work starts at one");
+    }
+}
+
+/// "When pop maintenance mode is on, every pop answers `204` immediately
+/// with no work done": on all three routes, no cursor, no subscription and
+/// no queue row is written.
+#[tokio::test]
+async fn under_pop_maintenance_every_pop_answers_204_with_no_work_done() {
+    for (mode, b) in brokers_in_both_modes(&[]).await {
+        b.push_to("m.q", "p", &[json!(1)]).await;
+        assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": true})).await, (200, json!({"enabled": true})));
+        assert_eq!(b.get("/api/v1/system/maintenance/pop").await.1, json!({"enabled": true}));
+        for route in ["/api/v1/pop/queue/m.q", "/api/v1/pop/queue/m.q/partition/p", "/api/v1/pop?namespace=m", "/api/v1/pop/queue/m.missing?wait=true"] {
+            let started = Instant::now();
+            assert_eq!(b.pop(route).await.status, 204, "{mode} {route}");
+            assert!(started.elapsed() < Duration::from_millis(500), "{mode} {route}: immediately, not after a wait");
+        }
+        let sql = b.sql().await;
+        let written: i64 = sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM queen.consumers) + (SELECT count(*) FROM queen.subscriptions)
+                      + (SELECT count(*) FROM queen.queues WHERE name = 'm.missing')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(written, 0, "{mode}: no work was done");
+        assert_eq!(b.post("/api/v1/system/maintenance/pop", json!({"enabled": "yes"})).await.0, 400, "{mode}");
+        b.post("/api/v1/system/maintenance/pop", json!({"enabled": false})).await;
+        assert_eq!(b.pop("/api/v1/pop/queue/m.q").await.data(), [json!(1)], "{mode}: served again");
+    }
+}
