@@ -1,4 +1,5 @@
--- Operating the broker: seeking consumer groups, deleting queues.
+-- Operating the broker: seeking consumer groups, deleting queues, and the
+-- cursor-lag view behind the status and consumer-group routes.
 
 -- Moves a group's cursors on a queue (or one partition of it) and clears
 -- their leases, atomically: to each partition's end (p_to_end), or to just

@@ -1,52 +1,31 @@
--- Background services: retention, the dedup-window purge, and the metrics
--- samples behind the analytics routes.
-
--- Retention and the dedup purge find their work by segment age. Segments
--- are insert-only, so this index costs one entry per coalesced write and is
--- never updated.
-CREATE INDEX segments_created_at ON queen.segments (created_at);
-
--- Where each per-queue background walk stopped: (created_at, partition,
--- base_offset) of the last segment it handled.
-CREATE TABLE queen.maintenance_cursors (
-    queue_id     bigint NOT NULL REFERENCES queen.queues (id) ON DELETE CASCADE,
-    service      text NOT NULL,
-    at           timestamptz NOT NULL DEFAULT 'epoch',
-    partition_id bigint NOT NULL DEFAULT 0,
-    base_offset  bigint NOT NULL DEFAULT -1,
-    PRIMARY KEY (queue_id, service)
-);
-
--- Per-minute traffic per queue, written by every broker (one row per
--- broker, queue and minute), summed by the analytics routes.
-CREATE TABLE queen.metrics_samples (
-    sampled_at  timestamptz NOT NULL,
-    queue_name  text NOT NULL,
-    broker      text NOT NULL,
-    pushed      bigint NOT NULL DEFAULT 0,
-    popped      bigint NOT NULL DEFAULT 0,
-    acked       bigint NOT NULL DEFAULT 0
-);
-CREATE INDEX metrics_samples_at ON queen.metrics_samples (sampled_at);
-
--- Partitions retention emptied: candidates for the empty-partition cleanup,
--- so that service never walks the partition table.
-CREATE TABLE queen.empty_partitions (
-    partition_id  bigint PRIMARY KEY,
-    emptied_at    timestamptz NOT NULL DEFAULT now()
-);
+-- Background services (src/maintenance/): retention and the cleanup of the
+-- partitions it empties. The dedup-window purge and the metrics sampler
+-- write their tables (0001_schema.sql) with plain statements from the
+-- broker.
+--
+-- Invariants: retention removes whole segments only, moves log_start to the
+-- first remaining offset so a cursor left in the gap scans forward, and
+-- never removes a segment some cursor still needs under
+-- completedRetentionSeconds.
 
 -- Deletes up to p_batch expired segments: for queues with retentionSeconds,
 -- segments older than it; for queues with completedRetentionSeconds,
 -- segments older than that which every cursor of the partition has passed
 -- and every group subscribed to the queue has a cursor on. log_start of every
 -- touched partition moves to its first remaining offset, so a cursor left in
--- the gap scans forward. Returns how many segments went.
+-- the gap scans forward, and a partition left with no segment is noted in
+-- queen.empty_partitions.
+--
+-- Returns every segment it removed, with its blob when the segment's dedup
+-- index entries may still be there (a windowed queue, at or past the
+-- partition's purge mark): the broker decodes those blobs and deletes
+-- exactly their entries in the same transaction, as the dedup purge does. A
+-- removed message's transactionId is thus forgotten with the message, even
+-- when retention is shorter than the queue's dedup window.
 CREATE FUNCTION queen.retention_v1(p_batch integer)
-RETURNS integer
+RETURNS TABLE (o_partition_id bigint, o_base_offset bigint, o_end_offset bigint, o_blob bytea)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_n       integer;
     v_min_age integer;
 BEGIN
     -- The shortest age any queue keeps: a constant bound, so the walk is a
@@ -55,13 +34,16 @@ BEGIN
     INTO v_min_age FROM queen.queues q
     WHERE q.retention_seconds > 0 OR q.completed_retention_seconds > 0;
     IF v_min_age IS NULL THEN
-        RETURN 0;
+        RETURN;
     END IF;
+    RETURN QUERY
     WITH doomed AS (
-        SELECT s.partition_id, s.base_offset
+        SELECT s.partition_id, s.base_offset,
+               q.dedup_window_seconds > 0 AND s.base_offset >= COALESCE(m.purged_below, 0) AS unpurged
         FROM queen.segments s
         JOIN queen.partitions p ON p.id = s.partition_id
         JOIN queen.queues q ON q.id = p.queue_id
+        LEFT JOIN queen.dedup_purge_marks m ON m.partition_id = s.partition_id
         WHERE s.created_at < now() - make_interval(secs => v_min_age)
           AND (
             (q.retention_seconds > 0 AND s.created_at < now() - make_interval(secs => q.retention_seconds))
@@ -79,7 +61,7 @@ BEGIN
     ), deleted AS (
         DELETE FROM queen.segments s USING doomed d
         WHERE s.partition_id = d.partition_id AND s.base_offset = d.base_offset
-        RETURNING s.partition_id
+        RETURNING s.partition_id, s.base_offset, s.end_offset, CASE WHEN d.unpurged THEN s.blob END AS blob
     ), touched AS (
         UPDATE queen.partitions p
         SET log_start = COALESCE((SELECT min(s.base_offset) FROM queen.segments s WHERE s.partition_id = p.id
@@ -94,13 +76,12 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING 1
     )
-    SELECT count(*) INTO v_n FROM deleted;
-    RETURN v_n;
+    SELECT d.partition_id, d.base_offset, d.end_offset, d.blob FROM deleted d;
 END
 $$;
 
 -- Removes up to p_batch partitions that retention emptied and that nobody
--- has written to for p_idle: the partition row, its cursors (cascade) and
+-- has written to for p_idle: the partition row, its cursors (the trigger) and
 -- its index entries. A candidate written to again is just forgotten.
 CREATE FUNCTION queen.cleanup_partitions_v1(p_idle interval, p_batch integer)
 RETURNS integer

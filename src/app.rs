@@ -29,6 +29,9 @@ pub enum BootError {
     Bind { addr: String, source: std::io::Error },
     #[error("server: {0}")]
     Serve(std::io::Error),
+    /// A destructive command run without its confirmation.
+    #[error("{0}")]
+    Unconfirmed(String),
 }
 
 /// The database the broker talks to, with the embedded cluster when it owns one.
@@ -87,7 +90,7 @@ fn is_connection_error(e: &db::DbError) -> bool {
     match e {
         db::DbError::Pool(_) => true,
         db::DbError::Pg(pg) => pg.is_closed() || pg.as_db_error().is_none(),
-        db::DbError::Config(_) | db::DbError::Unexpected(_) => false,
+        db::DbError::Config(_) | db::DbError::Schema(_) | db::DbError::Unexpected(_) => false,
     }
 }
 
@@ -270,4 +273,26 @@ pub async fn shutdown_signal() {
         _ = term => {},
     }
     tracing::info!("shutdown signal received");
+}
+
+/// `queen migrate --reset`: with `yes`, drop the `queen` schema and apply
+/// the migrations afresh; without it, say what would be lost and change
+/// nothing.
+pub async fn reset(config: Config, yes: bool) -> Result<(), BootError> {
+    let target = match &config.database {
+        Database::Embedded { data_dir } => format!("the embedded cluster in {}", data_dir.display()),
+        _ => "the configured database".to_string(),
+    };
+    if !yes {
+        return Err(BootError::Unconfirmed(format!(
+            "--reset drops the queen schema of {target}, with every queue, message and cursor in it; \
+             run `queen migrate --reset --yes` to do it"
+        )));
+    }
+    let store = open_store(&config).await?;
+    let r = db::migrations::reset(&store.pool).await;
+    store.stop().await;
+    let applied = r?;
+    tracing::warn!(applied, "queen schema dropped and recreated");
+    Ok(())
 }

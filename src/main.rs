@@ -1,5 +1,6 @@
 //! The `queen` command: `queen serve` (the default) runs the broker,
-//! `queen migrate` applies the schema and exits.
+//! `queen migrate` applies the schema and exits, `queen migrate --reset
+//! --yes` drops the schema and applies it afresh.
 
 use clap::{Parser, Subcommand};
 use queen::config::Config;
@@ -38,7 +39,15 @@ enum Command {
         port: Option<u16>,
     },
     /// Apply pending schema migrations, then exit
-    Migrate,
+    Migrate {
+        /// Drop the `queen` schema (every queue, message and cursor in it) and
+        /// create it afresh; asks for --yes
+        #[arg(long)]
+        reset: bool,
+        /// Confirm --reset
+        #[arg(long, requires = "reset")]
+        yes: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -63,7 +72,8 @@ fn main() -> std::process::ExitCode {
                 }
                 queen::app::serve(config).await
             }
-            Command::Migrate => queen::app::migrate(config).await,
+            Command::Migrate { reset: false, .. } => queen::app::migrate(config).await,
+            Command::Migrate { reset: true, yes } => queen::app::reset(config, yes).await,
         }
     });
     match result {

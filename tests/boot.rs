@@ -96,3 +96,57 @@ fn help_explains_every_command_and_variable() {
         assert!(help.contains(word), "--help lacks {word}");
     }
 }
+
+/// Issue 26: a database the pre-baseline schema created is refused at boot
+/// with one line saying what to do; `queen migrate --reset` changes nothing
+/// without `--yes`, and with it recreates the schema so the broker boots.
+#[tokio::test]
+async fn a_pre_baseline_database_is_refused_at_boot_until_migrate_reset_yes() {
+    let c = cluster();
+    let db = c.create_db().await;
+    let sql = c.connect(&db).await;
+    sql.batch_execute(
+        "CREATE SCHEMA queen;
+         CREATE TABLE queen.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+                                               applied_at timestamptz NOT NULL DEFAULT now());
+         INSERT INTO queen.schema_migrations (version, name) VALUES (1, '0001_log_schema.sql'), (2, '0002_push.sql');
+         CREATE TABLE queen.queues (id bigint, name text);
+         INSERT INTO queen.queues VALUES (1, 'from-before');",
+    )
+    .await
+    .unwrap();
+    let queen = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_queen"))
+            .args(args)
+            .env_remove("PG_HOST")
+            .env("QUEEN_DATABASE_URL", c.url(&db))
+            .env("PORT", "0")
+            .output()
+            .unwrap()
+    };
+    let out = queen(&["serve"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("queen: ")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("pre-baseline") && lines[0].contains("queen migrate --reset --yes"), "{err}");
+    let kept = || async { sql.query_one("SELECT name FROM queen.queues", &[]).await.map(|r| r.get::<_, String>(0)) };
+    assert_eq!(kept().await.unwrap(), "from-before", "the refusal changed nothing");
+
+    let out = queen(&["migrate", "--reset"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--reset --yes"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(kept().await.unwrap(), "from-before", "no --yes, nothing dropped");
+
+    let out = queen(&["migrate", "--reset", "--yes"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let names: Vec<String> =
+        sql.query("SELECT name FROM queen.schema_migrations ORDER BY version", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    let ours: Vec<&str> = queen::db::migrations::MIGRATIONS.iter().map(|m| m.name).collect();
+    assert_eq!(names, ours);
+    assert!(kept().await.is_err(), "the old rows went with the old schema");
+
+    let b = Broker::spawn(db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), c.url(&db))]).await;
+    b.push_to("fresh", "p", &[serde_json::json!(1)]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/fresh").await.data(), [serde_json::json!(1)]);
+}

@@ -214,7 +214,7 @@ impl Model {
         self.cursor(part, group).committed = to.max(from);
     }
 
-    /// ack_v2's rules for one (partition, group, lease) group of items (see
+    /// ack_v1's rules for one (partition, group, lease) group of items (see
     /// migrations 0004 and 0019), applied to the model.
     fn ack(&mut self, part: usize, group: usize, lease: &str, items: &[(i64, St)], fenced: bool) -> Vec<Verdict> {
         let cur = self.cursor(part, group).clone();

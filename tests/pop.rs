@@ -142,8 +142,8 @@ async fn a_pop_whose_ring_candidates_were_emptied_behind_its_back_looks_again() 
 /// Eight consumers of a new group popping at once: one pop leads the first
 /// contact (it registers the group, seeding its cursors, and reads the
 /// ring's first seed); the others wait for it and claim from the ring. Before,
-/// each took the SQL path: eight registrations (`register_group_v2`) and
-/// eight candidate scans of every partition (`pop_wildcard_v2`).
+/// each took the SQL path: eight registrations (`register_group_v1`) and
+/// eight candidate scans of every partition (`pop_wildcard_v1`).
 #[tokio::test]
 async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_seed() {
     let mut b = common::broker_counting_calls(&[("QUEEN_HOTLIST", "true")]).await;
@@ -167,10 +167,10 @@ async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_se
     assert_eq!(got.len(), 32, "four partitions of one message each, eight times");
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), 32, "no message twice");
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_v4") >= 1, "the pops claimed through the ring");
+    assert!(calls("pop_list_set_v1") >= 1, "the pops claimed through the ring");
     assert_eq!(calls("first_contact_v1"), 1, "one first contact");
-    assert_eq!(calls("register_group_v2"), 0, "a new group from the beginning needs no general rules");
-    assert_eq!(calls("pop_wildcard_v2"), 0, "no pop scanned every partition for candidates");
+    assert_eq!(calls("register_group_v1"), 0, "a new group from the beginning needs no general rules");
+    assert_eq!(calls("pop_wildcard_v1"), 0, "no pop scanned every partition for candidates");
 }
 
 /// A claim that can take one partition only (a batch of one, a partition cap
@@ -197,8 +197,8 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     }
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), got.len(), "nothing twice: {got:?}");
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_v2") >= 4, "every claim through the per-partition list");
-    assert_eq!(calls("pop_list_v4"), 0, "no set-based pass");
+    assert!(calls("pop_list_v1") >= 4, "every claim through the per-partition list");
+    assert_eq!(calls("pop_list_set_v1"), 0, "no set-based pass");
 }
 
 /// Once a claim without a partition cap fills its batch from one partition,
@@ -238,9 +238,9 @@ async fn after_a_claim_filled_from_one_partition_the_next_ones_skip_the_set_base
     assert_eq!(pop("batch=100").await.len(), 2);
     let calls = common::calls_after_exit(&mut b).await;
     // The first claim is the set-based statement's own (it locks both cursor
-    // rows and claims from the first): nothing for pop_list_v2.
-    assert_eq!(calls("pop_list_v4"), 2, "the first claim and the one after the claim over two partitions");
-    assert_eq!(calls("pop_list_v2"), 4, "three claims after the first, the one over both");
+    // rows and claims from the first): nothing for pop_list_v1.
+    assert_eq!(calls("pop_list_set_v1"), 2, "the first claim and the one after the claim over two partitions");
+    assert_eq!(calls("pop_list_v1"), 4, "three claims after the first, the one over both");
 }
 
 #[tokio::test]
@@ -348,8 +348,8 @@ async fn functions_called(b: &Broker, function: &str, pids: &[i64], budget: i32)
     rows.iter().map(|r| r.get(0)).collect()
 }
 
-/// `pop_list_v3` and `pop_list_v4` claim the plain candidates in one
-/// statement; each must answer what `pop_list_v2` (one partition at a time)
+/// `pop_list_prefix_v1` and `pop_list_set_v1` claim the plain candidates in one
+/// statement; each must answer what `pop_list_v1` (one partition at a time)
 /// answers, rows and cursor rows alike: a budget shared across partitions
 /// (cut inside one), the partition cap, auto-ack, a cursor inside a segment,
 /// a partition of two segments, a leased partition ('busy'), one locked by
@@ -387,12 +387,12 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
         pids.push(row.get::<_, i64>(0));
     }
     let scenarios = [(100, 0, false), (100, 0, true), (9, 0, false), (12, 0, false), (100, 2, false), (1, 0, false)];
-    const SET_BASED: [&str; 2] = ["pop_list_v3", "pop_list_v4"];
+    const SET_BASED: [&str; 2] = ["pop_list_prefix_v1", "pop_list_set_v1"];
     for scenario in scenarios {
-        let v2 = claim_and_roll_back(&sql, "pop_list_v2", &pids, scenario).await;
+        let each = claim_and_roll_back(&sql, "pop_list_v1", &pids, scenario).await;
         for set_based in SET_BASED {
             let v = claim_and_roll_back(&sql, set_based, &pids, scenario).await;
-            assert_eq!(v, v2, "{set_based}, scenario (budget, max partitions, auto-ack) = {scenario:?}");
+            assert_eq!(v, each, "{set_based}, scenario (budget, max partitions, auto-ack) = {scenario:?}");
             assert!(v.0.iter().any(|r| r.contains("\"claimed\"")), "{scenario:?} claims something");
         }
     }
@@ -407,25 +407,25 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     // call, also when the budget ends inside one of them.
     let plain = [pids[0], pids[1], pids[2], pids[4]];
     for budget in [100, 9] {
-        assert_eq!(functions_called(&b, "pop_list_v3", &plain, budget).await, ["pop_list_v3"], "budget {budget}");
+        assert_eq!(functions_called(&b, "pop_list_prefix_v1", &plain, budget).await, ["pop_list_prefix_v1"], "budget {budget}");
     }
-    // One candidate, or one plain-looking one, is cheaper through v2.
-    assert_eq!(functions_called(&b, "pop_list_v3", &plain[..1], 100).await, ["pop_list_v2", "pop_list_v3"]);
-    assert_eq!(functions_called(&b, "pop_list_v3", &plain, 3).await, ["pop_list_v2", "pop_list_v3"]);
+    // One candidate, or one plain-looking one, is cheaper through pop_list_v1.
+    assert_eq!(functions_called(&b, "pop_list_prefix_v1", &plain[..1], 100).await, ["pop_list_prefix_v1", "pop_list_v1"]);
+    assert_eq!(functions_called(&b, "pop_list_prefix_v1", &plain, 3).await, ["pop_list_prefix_v1", "pop_list_v1"]);
     assert_eq!(
-        functions_called(&b, "pop_list_v3", &pids, 100).await,
-        ["pop_claim_v1", "pop_claim_v2", "pop_list_v2", "pop_list_v3", "seed_cursor_v1"]
+        functions_called(&b, "pop_list_prefix_v1", &pids, 100).await,
+        ["pop_claim_v1", "pop_list_prefix_v1", "pop_list_v1", "seed_cursor_v1"]
     );
-    // pop_list_v4 looks at the same prefix under its lock: the plain ones
+    // pop_list_set_v1 looks at the same prefix under its lock: the plain ones
     // are all its own, also when the first fills the budget; one candidate
-    // still goes to v2, and so do a row not yet seeded and a gated queue.
+    // still goes to pop_list_v1, and so do a row not yet seeded and a gated queue.
     for budget in [100, 9, 3] {
-        assert_eq!(functions_called(&b, "pop_list_v4", &plain, budget).await, ["pop_list_v4"], "budget {budget}");
+        assert_eq!(functions_called(&b, "pop_list_set_v1", &plain, budget).await, ["pop_list_set_v1"], "budget {budget}");
     }
-    assert_eq!(functions_called(&b, "pop_list_v4", &plain[..1], 100).await, ["pop_list_v2", "pop_list_v4"]);
+    assert_eq!(functions_called(&b, "pop_list_set_v1", &plain[..1], 100).await, ["pop_list_set_v1", "pop_list_v1"]);
     assert_eq!(
-        functions_called(&b, "pop_list_v4", &pids, 100).await,
-        ["pop_claim_v1", "pop_claim_v2", "pop_list_v2", "pop_list_v4", "seed_cursor_v1"]
+        functions_called(&b, "pop_list_set_v1", &pids, 100).await,
+        ["pop_claim_v1", "pop_list_set_v1", "pop_list_v1", "seed_cursor_v1"]
     );
 
     // p0's cursor row locked by another transaction: 'busy' from the set pass.
@@ -433,10 +433,10 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     let other = c.connect(&b.db).await;
     other.batch_execute("BEGIN").await.unwrap();
     other.execute("SELECT 1 FROM queen.consumers WHERE partition_id = $1 FOR UPDATE", &[&pids[0]]).await.unwrap();
-    let v2 = claim_and_roll_back(&sql, "pop_list_v2", &pids, (100, 0, false)).await;
+    let each = claim_and_roll_back(&sql, "pop_list_v1", &pids, (100, 0, false)).await;
     for set_based in SET_BASED {
         let v = claim_and_roll_back(&sql, set_based, &pids, (100, 0, false)).await;
-        assert_eq!(v, v2, "{set_based}");
+        assert_eq!(v, each, "{set_based}");
         assert!(v.0.iter().any(|r| r.starts_with(&format!("{} None \"busy\"", pids[0]))), "{set_based}: {:#?}", v.0);
     }
     other.batch_execute("ROLLBACK").await.unwrap();

@@ -360,7 +360,7 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
     assert!(groups < grouped, "{groups} group commits for {grouped} segments: no group carried two");
 }
 
-/// `queen.push_segments_v1` keeps push_segment_v1's duplicate rule per
+/// `queen.push_segments_dedup_v1` keeps push_segment_dedup_v1's duplicate rule per
 /// segment: a segment holding a frame already in its partition's window is
 /// refused whole (offsets given back, no index entries), its neighbours in
 /// the same call are written.
@@ -389,7 +389,7 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     let blobs = vec![blob(&["a1", "a2"]), blob(&["b1", "dup"]), blob(&["c1"])];
     let rows = sql
         .query(
-            "SELECT o_seg, o_base_offset, o_dup_index, o_seg_blob FROM queen.push_segments_v1('grp', $1, $2, $3, $4, $5, $6)
+            "SELECT o_seg, o_base_offset, o_dup_index, o_seg_blob FROM queen.push_segments_dedup_v1('grp', $1, $2, $3, $4, $5, $6)
              ORDER BY o_seg, o_dup_index",
             &[
                 &vec!["a", "b", "c"],
@@ -430,7 +430,7 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
 
     let twice = sql
         .query(
-            "SELECT * FROM queen.push_segments_v1('grp', $1, $2, $3, $4, $5, $6)",
+            "SELECT * FROM queen.push_segments_dedup_v1('grp', $1, $2, $3, $4, $5, $6)",
             &[&vec!["a", "a"], &vec![1i32, 1], &vec![blob(&["x"]), blob(&["y"])], &vec![1i32, 2], &vec![0i32, 0], &vec![91i64, 92]],
         )
         .await
@@ -567,7 +567,7 @@ async fn unknown_api_routes_answer_json_404() {
 }
 
 /// Once the broker knows a queue keeps a dedup window, its segments go to
-/// `push_segment_v1` directly: `push_segment_v2` would look the queue up again
+/// `push_segment_dedup_v1` directly: `push_segment_v1` would look the queue up again
 /// and hand them there. A queue without a window stays on v2 and keeps no
 /// index. What is known outlives the partition's lane (each push here finds
 /// its lane gone).
@@ -595,6 +595,6 @@ async fn a_queue_known_to_keep_a_window_is_written_without_the_second_lookup() {
     assert_eq!(entries, 0, "a queue without a window keeps no index");
     drop(sql);
     let calls = common::calls_after_exit(&mut b).await;
-    assert_eq!(calls("push_segment_v2"), 5, "dd's first write (its window not yet known) and w0's four");
-    assert_eq!(calls("push_segment_v1"), 5, "every write to dd, four of them straight");
+    assert_eq!(calls("push_segment_v1"), 5, "dd's first write (its window not yet known) and w0's four");
+    assert_eq!(calls("push_segment_dedup_v1"), 5, "every write to dd, four of them straight");
 }

@@ -3,10 +3,10 @@
 //! Each transactionId is resolved to its offset (the registry a leased pop
 //! filled, then the transaction index, then the segments around the group's
 //! cursor: a queue without a dedup window keeps no index), acks are grouped by
-//! (partition, lease), and each group is applied by one call to `queen.ack_v2`,
+//! (partition, lease), and each group is applied by one call to `queen.ack_v1`,
 //! where the lease check, implicit acks, clamping, the retry budget and the
 //! DLQ live; only the plain groups (a live lease, every item completed) are
-//! applied together by `queen.ack_completed_many_v2`, which implements that
+//! applied together by `queen.ack_completed_many_v1`, which implements that
 //! one case of the rules.
 //!
 //! The fence (issue 25, docs/DECISIONS.md): an ack that names a lease moves a
@@ -119,7 +119,7 @@ pub struct Released {
 pub const UNRESOLVABLE: &str =
     "unresolvable: transaction not in the ack window (hash purged or never pushed); if leased, the message redelivers";
 
-const ACK_SQL: &str = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+const ACK_SQL: &str = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 const INDEX_SQL: &str =
     "SELECT txn_hash, msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = ANY ($2)";
 /// What neither the registry nor the index resolves is looked for in the
@@ -129,16 +129,16 @@ const SPAN_SLACK: i32 = 1_000;
 /// How often a multi-partition ack transaction is tried when PostgreSQL
 /// breaks a deadlock by aborting it (nothing of it was applied).
 const DEADLOCK_ATTEMPTS: u32 = 3;
-/// Plain groups go here even one at a time: ack_v2 walks its items in
+/// Plain groups go here even one at a time: ack_v1 walks its items in
 /// PL/pgSQL and answers a row each (1.26 ms of PostgreSQL for one partition's
 /// 500 acks, docs/PERFORMANCE.md, stop 13), where this is one update per group.
-const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v2($1, $2, $3, $4, $5, $6)";
+const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v1($1, $2, $3, $4, $5, $6)";
 const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
 
 /// The acks of one (partition, group, lease), their offsets resolved:
-/// one `ack_v2` call's worth.
+/// one `ack_v1` call's worth.
 struct AckGroup {
     pid: i64,
     group: String,
@@ -177,7 +177,7 @@ impl AckService {
     /// leases the acks released.
     ///
     /// Acks of several partitions commit together, in one transaction: each
-    /// `ack_v2` call on its own was one commit, one WAL flush, so a batch over
+    /// `ack_v1` call on its own was one commit, one WAL flush, so a batch over
     /// 50 partitions cost 50 flushes in a row (docs/PERFORMANCE.md, 100,000
     /// partitions). The cursor rows are locked in partition order (see
     /// `ack_on`) and pops skip locked rows, so concurrent batches queue rather
@@ -239,7 +239,7 @@ impl AckService {
             resolved.push(AckGroup { pid, group, lease, idxs, offsets, queue });
         }
         // Plain groups commit in one statement; every other group (and a
-        // plain one it did not apply) goes through ack_v2, all at once:
+        // plain one it did not apply) goes through ack_v1, all at once:
         // pipelined on the connection, sent in partition order, one round
         // trip instead of one per partition.
         let mut plain = self.apply_plain(client, &resolved, items).await?;
@@ -268,7 +268,7 @@ impl AckService {
                     (lease_released, queue)
                 }
                 None => {
-                    let rows = applied.next().expect("one ack_v2 answer per group not applied in bulk");
+                    let rows = applied.next().expect("one ack_v1 answer per group not applied in bulk");
                     let (mut lease_released, mut queue) = (false, None::<String>);
                     for row in rows {
                         let i = idxs[row.get::<_, i32>("o_index") as usize];
@@ -304,9 +304,9 @@ impl AckService {
 
     /// The plain groups (a lease, every item completed and resolved) of a
     /// batch, applied by one
-    /// `queen.ack_completed_many_v2` call per consumer group: by index into
+    /// `queen.ack_completed_many_v1` call per consumer group: by index into
     /// `groups`, whether the lease was released and the queue. Groups the
-    /// call leaves out were not touched (ack_v2 answers them). `groups` is
+    /// call leaves out were not touched (ack_v1 answers them). `groups` is
     /// in partition order and so are the call's arrays: the call locks the
     /// cursor rows in the order it is given them (migration 0018). The queue
     /// names the registry knew spare the call a lookup per group.
@@ -340,14 +340,14 @@ impl AckService {
                 let ord = row.get::<_, i32>(0) as usize;
                 let k = *ks
                     .get(ord.wrapping_sub(1))
-                    .ok_or_else(|| DbError::Unexpected("ack_completed_many_v2 named a group it was not given".into()))?;
+                    .ok_or_else(|| DbError::Unexpected("ack_completed_many_v1 named a group it was not given".into()))?;
                 done.insert(k, (row.get(1), row.get(2)));
             }
         }
         Ok(done)
     }
 
-    /// One `ack_v2` call for a group, again with the head message's snapshot
+    /// One `ack_v1` call for a group, again with the head message's snapshot
     /// when the call asks for one (a dead-lettering ack).
     async fn apply(
         &self,
@@ -372,7 +372,7 @@ impl AckService {
             let wants = rows.first().filter(|r| r.get::<_, i32>("o_index") == -1).map(|r| r.get::<_, i64>("o_committed"));
             match wants {
                 Some(head) if snapshot.offset != Some(head) => snapshot = self.snapshot(client, g.pid, head).await?,
-                Some(_) => return Err(DbError::Unexpected("ack_v2 asked twice for the same snapshot".into())),
+                Some(_) => return Err(DbError::Unexpected("ack_v1 asked twice for the same snapshot".into())),
                 None => return Ok(rows),
             }
         }

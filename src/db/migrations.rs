@@ -6,6 +6,13 @@
 //! lock, so two brokers booting at the same moment apply each file once: the
 //! second waits, then finds nothing left to do. A landed migration is never
 //! edited; a change is a new file.
+//!
+//! The six files are a baseline: the unreleased development history (22
+//! migrations) was squashed into its live objects once. A database that
+//! recorded a migration this list does not hold (that history, or a newer
+//! broker's schema) is refused with one line saying what to do, rather than
+//! patched over; `queen migrate --reset --yes` (`reset`) drops and recreates
+//! the schema.
 
 use deadpool_postgres::Pool;
 
@@ -26,29 +33,18 @@ macro_rules! migration {
 
 /// Every migration, in order. A unit test checks this list against the folder.
 pub const MIGRATIONS: &[Migration] = &[
-    migration!(1, "0001_log_schema.sql"),
+    migration!(1, "0001_schema.sql"),
     migration!(2, "0002_push.sql"),
     migration!(3, "0003_pop.sql"),
     migration!(4, "0004_ack.sql"),
     migration!(5, "0005_admin.sql"),
     migration!(6, "0006_maintenance.sql"),
-    migration!(7, "0007_push_group.sql"),
-    migration!(8, "0008_bulk_reseed.sql"),
-    migration!(9, "0009_window0_no_index.sql"),
-    migration!(10, "0010_ack_many.sql"),
-    migration!(11, "0011_pop_plain_claim.sql"),
-    migration!(12, "0012_pop_set_claim.sql"),
-    migration!(13, "0013_first_contact.sql"),
-    migration!(14, "0014_dedup_purge_marks.sql"),
-    migration!(15, "0015_retention_takes_index_entries.sql"),
-    migration!(16, "0016_first_contact_seed.sql"),
-    migration!(17, "0017_generic_plans.sql"),
-    migration!(18, "0018_one_pass_claim_lean_ack.sql"),
-    migration!(19, "0019_fenced_ack.sql"),
-    migration!(20, "0020_auto_ack_fresh_budget.sql"),
-    migration!(21, "0021_configured_queues.sql"),
-    migration!(22, "0022_claim_visibility.sql"),
 ];
+
+/// The first migration of the development history squashed into the
+/// baseline (docs/DECISIONS.md, "One baseline schema"): a database that
+/// recorded it holds the old schema.
+const PRE_BASELINE: &str = "0001_log_schema.sql";
 
 /// Arbitrary constant naming the migration lock among advisory locks.
 const LOCK_KEY: i64 = 0x5155_4545_4e4d_4947; // "QUEENMIG"
@@ -66,10 +62,17 @@ pub async fn apply(pool: &Pool) -> Result<usize, DbError> {
              applied_at timestamptz NOT NULL DEFAULT now());",
     )
     .await?;
-    let applied: Vec<i32> =
-        tx.query("SELECT version FROM queen.schema_migrations", &[]).await?.iter().map(|r| r.get(0)).collect();
+    let applied: Vec<(i32, String)> = tx
+        .query("SELECT version, name FROM queen.schema_migrations ORDER BY version", &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    if let Some(refusal) = unknown_schema(&applied) {
+        return Err(DbError::Schema(refusal));
+    }
     let mut count = 0;
-    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+    for m in MIGRATIONS.iter().filter(|m| !applied.iter().any(|(v, _)| *v == m.version)) {
         tracing::info!(version = m.version, name = m.name, "applying migration");
         tx.batch_execute(m.sql).await?;
         tx.execute("INSERT INTO queen.schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name])
@@ -78,6 +81,37 @@ pub async fn apply(pool: &Pool) -> Result<usize, DbError> {
     }
     tx.commit().await?;
     Ok(count)
+}
+
+/// Why a database whose `schema_migrations` holds `applied` cannot be served
+/// by this broker, if it cannot: a migration recorded under a name this
+/// list does not give its version.
+fn unknown_schema(applied: &[(i32, String)]) -> Option<String> {
+    let (version, name) = applied
+        .iter()
+        .find(|(v, n)| !MIGRATIONS.iter().any(|m| m.version == *v && m.name == n))?;
+    let reset = "start on a fresh QUEEN_DATA_DIR (or an empty database), or run `queen migrate --reset --yes` \
+                 to drop and recreate the queen schema, deleting every queue and message in it";
+    Some(if name == PRE_BASELINE {
+        format!("this database holds the pre-baseline Queen schema (migration {name}); {reset}")
+    } else {
+        format!("this database holds a Queen schema this broker does not know (migration {version} {name}); \
+                 run the broker that wrote it, or {reset}")
+    })
+}
+
+/// `queen migrate --reset --yes`: drops the `queen` schema with everything
+/// in it and applies the migrations afresh, in one transaction behind the
+/// migration lock. Returns how many migrations were applied.
+pub async fn reset(pool: &Pool) -> Result<usize, DbError> {
+    {
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+        tx.batch_execute("DROP SCHEMA IF EXISTS queen CASCADE").await?;
+        tx.commit().await?;
+    }
+    apply(pool).await
 }
 
 #[cfg(test)]
@@ -99,5 +133,97 @@ mod tests {
             assert_eq!(m.version as usize, i + 1);
             assert!(m.name.starts_with(&format!("{:04}_", m.version)));
         }
+    }
+
+    #[test]
+    fn a_database_of_another_schema_is_refused_with_what_to_do() {
+        let ours: Vec<(i32, String)> = MIGRATIONS.iter().map(|m| (m.version, m.name.to_string())).collect();
+        assert_eq!(unknown_schema(&ours), None);
+        assert_eq!(unknown_schema(&ours[..2]), None, "an older baseline database is migrated forward");
+        let old = unknown_schema(&[(1, PRE_BASELINE.into()), (2, "0002_push.sql".into())]).unwrap();
+        assert!(old.contains("pre-baseline") && old.contains("queen migrate --reset --yes") && old.contains("QUEEN_DATA_DIR"), "{old}");
+        let newer = unknown_schema(&[(1, "0001_schema.sql".into()), (99, "0099_later.sql".into())]).unwrap();
+        assert!(newer.contains("migration 99 0099_later.sql"), "{newer}");
+    }
+
+    /// Every stored function a migration defines is called: by the broker
+    /// (a `queen.<name>` in its source), by a trigger, or by another live
+    /// function. A function nothing reaches is dead schema a reader has to
+    /// rule out; drop it in the migration that replaces it.
+    #[test]
+    fn every_function_a_migration_defines_is_called() {
+        let defined = function_definitions();
+        assert!(defined.len() > 20, "the scan found the functions: {:?}", defined.keys());
+        let mut live: Vec<String> = referenced(&rust_sources()).into_iter().filter(|n| defined.contains_key(n)).collect();
+        for m in MIGRATIONS {
+            for line in m.sql.lines().filter(|l| l.contains("EXECUTE FUNCTION")) {
+                live.extend(referenced(line));
+            }
+        }
+        let mut i = 0;
+        while i < live.len() {
+            let body = &defined[&live[i]];
+            for n in referenced(body) {
+                if defined.contains_key(&n) && !live.contains(&n) {
+                    live.push(n);
+                }
+            }
+            i += 1;
+        }
+        let mut dead: Vec<&String> = defined.keys().filter(|n| !live.contains(n)).collect();
+        dead.sort();
+        assert!(dead.is_empty(), "defined by a migration and called by nothing: {dead:?}");
+    }
+
+    /// Each function's name and its latest definition's text.
+    fn function_definitions() -> std::collections::HashMap<String, String> {
+        let mut defs = std::collections::HashMap::new();
+        for m in MIGRATIONS {
+            let mut rest = m.sql;
+            while let Some(at) = rest.find("FUNCTION queen.") {
+                let after = &rest[at + "FUNCTION queen.".len()..];
+                let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                let before = rest[..at].trim_end();
+                if !(before.ends_with("CREATE") || before.ends_with("OR REPLACE")) {
+                    // ALTER FUNCTION, EXECUTE FUNCTION: not a definition.
+                    rest = &after[name.len()..];
+                    continue;
+                }
+                // The body runs to the second `$$` after the name.
+                let end = after.match_indices("$$").nth(1).map(|(i, _)| i + 2).expect("a function body");
+                defs.insert(name, after[..end].to_string());
+                rest = &after[end..];
+            }
+        }
+        defs
+    }
+
+    /// The names `text` calls as `queen.<name>(` (a mention in prose, with no
+    /// parenthesis right after the name, is not a call).
+    fn referenced(text: &str) -> Vec<String> {
+        text.match_indices("queen.")
+            .filter_map(|(i, _)| {
+                let after = &text[i + "queen.".len()..];
+                let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                after[name.len()..].starts_with('(').then_some(name)
+            })
+            .collect()
+    }
+
+    /// The broker's Rust source, every file under src/.
+    fn rust_sources() -> String {
+        fn walk(dir: &std::path::Path, out: &mut String) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("db/migrations.rs") {
+                    out.push_str(&std::fs::read_to_string(&p).unwrap());
+                }
+            }
+        }
+        let mut out = String::new();
+        walk(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")), &mut out);
+        out
     }
 }

@@ -24,6 +24,10 @@ pub enum DbError {
     Pg(#[from] tokio_postgres::Error),
     #[error("invalid database configuration: {0}")]
     Config(String),
+    /// The database holds a schema this broker does not serve (a pre-baseline
+    /// or a newer one): the message says what to do.
+    #[error("{0}")]
+    Schema(String),
     /// PostgreSQL answered something the broker's contract with its own
     /// stored functions rules out (a bug, not an outage).
     #[error("unexpected answer from PostgreSQL: {0}")]

@@ -1,6 +1,6 @@
 //! Retention: removes segments past `retentionSeconds`, and past
 //! `completedRetentionSeconds` once every group has committed beyond them
-//! (`queen.retention_v2`, which also keeps `log_start` true), and with them
+//! (`queen.retention_v1`, which also keeps `log_start` true), and with them
 //! the transaction-index entries the dedup purge has not reached yet: a
 //! removed message's transactionId is forgotten with it.
 
@@ -14,7 +14,7 @@ pub async fn tick(pool: &Pool, batch: i32) -> Result<bool, DbError> {
     let mut client = pool.get().await?;
     // One transaction: the segments and their entries go together.
     let tx = client.transaction().await?;
-    let removed = tx.query("SELECT * FROM queen.retention_v2($1)", &[&batch]).await?;
+    let removed = tx.query("SELECT * FROM queen.retention_v1($1)", &[&batch]).await?;
     let mut doomed = Doomed::default();
     for s in &removed {
         if let Some(blob) = s.get::<_, Option<&[u8]>>(3) {

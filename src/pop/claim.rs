@@ -77,23 +77,23 @@ macro_rules! claim_sql {
     };
 }
 
-claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_v4($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_set_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 // The per-partition list, for a claim that can take only one partition (a
 // batch of one, a partition cap of one, one candidate) or likely will (the
-// ring's last claim filled its batch from one partition): pop_list_v3 would
-// hand all of it to pop_list_v2 anyway, after a candidate read and a copy of
+// ring's last claim filled its batch from one partition): pop_list_prefix_v1 would
+// hand all of it to pop_list_v1 anyway, after a candidate read and a copy of
 // every row (about 125 of its 290 µs at batch 1, docs/PERFORMANCE.md, stop 13),
-// and pop_list_v4 would lock every candidate's cursor row to claim one.
+// and pop_list_set_v1 would lock every candidate's cursor row to claim one.
 // Both answer the same rows (tests/pop.rs compares them); only the cost differs.
-claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)");
-claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
-claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
+claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
+claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
 claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 // One partition of a windowBuffer queue whose hold the broker timed itself:
 // the claim with the SQL debounce skipped (migration 0022), named as the
 // list functions name their rows.
 claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_partition, $11::text AS o_queue, c.*
-    FROM queen.pop_claim_v2($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
+    FROM queen.pop_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
 const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
 const RESEED_MANY_SQL: &str = "SELECT o_ring, o_partition_id, o_partition FROM queen.hotlist_seed_many_v1($1, $2)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v1($1, $2, $3, $4)";

@@ -35,11 +35,11 @@ const SHARDS: usize = 16;
 /// Bound on dedup re-tries of one batch (each retry drops at least one item).
 const MAX_ATTEMPTS: usize = 8;
 
-pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v2($1, $2, $3, $4)";
-/// The same for a queue known to keep a dedup window: push_segment_v2 only
-/// looks the queue up again and hands such a segment to push_segment_v1 (40 of
+pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
+/// The same for a queue known to keep a dedup window: push_segment_v1 only
+/// looks the queue up again and hands such a segment to push_segment_dedup_v1 (40 of
 /// its 180-200 µs a call at batch 1, docs/PERFORMANCE.md, stop 13).
-pub(super) const PUSH_WINDOW_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
+pub(super) const PUSH_WINDOW_SQL: &str = "SELECT * FROM queen.push_segment_dedup_v1($1, $2, $3, $4)";
 
 /// One message of an entry, with where its encoded frame sits (an empty
 /// range in a bare entry, see [`Entry`]). Its transactionId travels as its
@@ -445,7 +445,7 @@ impl Inner {
     }
 }
 
-/// What one call to `queen.push_segment_v2` did.
+/// What one call to `queen.push_segment_v1` did.
 #[derive(Debug)]
 pub enum SegmentWrite {
     Written { partition_id: i64, base_offset: i64, window: i32 },
@@ -468,10 +468,11 @@ pub async fn write_segment(
     append_segment(client, queue, partition, hashes, &compress_frames(frames, zstd_level), None).await
 }
 
-/// Appends one compressed segment with `queen.push_segment_v2`, or straight
-/// with `queen.push_segment_v1` when `window` (the queue's dedup window as
+/// Appends one compressed segment with `queen.push_segment_v1`, or straight
+/// with `queen.push_segment_dedup_v1` when `window` (the queue's dedup window as
 /// last reported) says the queue keeps one. A stale `window` costs nothing
-/// but time: v1 serves any queue, and v2 hands a queue with a window to v1.
+/// but time: the dedup function serves any queue, and the plain one hands a
+/// queue with a window to it.
 pub(super) async fn append_segment(
     client: &impl deadpool_postgres::GenericClient,
     queue: &str,

@@ -9,7 +9,7 @@
 //! themselves; they hand their compressed segment to this committer, which
 //! keeps at most `writers` group writes in flight. While those run, segments
 //! of other lanes pile up, and the next group write takes them all: one call
-//! of `queen.push_segments_v2` per queue in one transaction. Like the lanes,
+//! of `queen.push_segments_v1` per queue in one transaction. Like the lanes,
 //! this batches exactly what load produces and never waits on a timer: an
 //! idle broker's segment goes out at once.
 //!
@@ -32,16 +32,16 @@ use crate::db::DbError;
 const MAX_SEGMENTS: usize = 256;
 /// Most compressed bytes one group write carries.
 const MAX_BYTES: usize = 8 << 20;
-/// Fewest segments of one queue worth a `push_segments_v2` call: its
-/// set-based statements cost PostgreSQL more than `push_segment_v2` for one
+/// Fewest segments of one queue worth a `push_segments_v1` call: its
+/// set-based statements cost PostgreSQL more than `push_segment_v1` for one
 /// segment and break even near two (pgbench, docs/PERFORMANCE.md), so smaller
 /// sets go as single calls inside the group's transaction.
 const MULTI_MIN: usize = 3;
 
-const GROUP_SQL: &str = "SELECT * FROM queen.push_segments_v2($1, $2, $3, $4, $5, $6, $7)";
-/// For a queue known to keep a dedup window, the function v2 would hand the
+const GROUP_SQL: &str = "SELECT * FROM queen.push_segments_v1($1, $2, $3, $4, $5, $6, $7)";
+/// For a queue known to keep a dedup window, the function `push_segments_v1` hands the
 /// call to (see `coalescer::PUSH_WINDOW_SQL`).
-const GROUP_WINDOW_SQL: &str = "SELECT * FROM queen.push_segments_v1($1, $2, $3, $4, $5, $6, $7)";
+const GROUP_WINDOW_SQL: &str = "SELECT * FROM queen.push_segments_dedup_v1($1, $2, $3, $4, $5, $6, $7)";
 
 type Reply = oneshot::Sender<Result<SegmentWrite, Arc<PushError>>>;
 
@@ -254,7 +254,7 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
         let s = usize::try_from(row.get::<_, i32>("o_seg") - 1)
             .ok()
             .filter(|s| *s < members.len())
-            .ok_or_else(|| DbError::Unexpected("push_segments_v2 named a segment it was not given".into()))?;
+            .ok_or_else(|| DbError::Unexpected("push_segments_v1 named a segment it was not given".into()))?;
         let window: i32 = row.get("o_window");
         let partition_id: i64 = row.get("o_partition_id");
         match row.get::<_, Option<i32>>("o_dup_index") {
@@ -272,7 +272,7 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
         }
     }
     out.into_iter()
-        .map(|w| w.ok_or_else(|| DbError::Unexpected("push_segments_v2 left a segment unanswered".into())))
+        .map(|w| w.ok_or_else(|| DbError::Unexpected("push_segments_v1 left a segment unanswered".into())))
         .collect()
 }
 
