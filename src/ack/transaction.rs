@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::{AckItem, AckService, AckStatus, Fence, Released};
 use crate::db::DbError;
 use crate::pop::QUEUE_MODE;
-use crate::push::coalescer::{write_segment, SegmentWrite};
+use crate::push::segment::{write_segment, SegmentWrite};
 use crate::push::validate::{parse_item, parse_items, PushItem};
 use crate::push::{Outcome, PushPlan};
 

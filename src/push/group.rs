@@ -23,9 +23,8 @@ use std::time::Instant;
 
 use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::oneshot;
-use uuid::Uuid;
 
-use super::coalescer::{append_segment, keeps_window, message_id_at, PushError, SegmentWrite};
+use super::segment::{append_segment, keeps_window, original_id, PushError, SegmentWrite, PUSH_SQL, PUSH_WINDOW_SQL};
 use crate::db::DbError;
 
 /// Most segments one group write carries.
@@ -40,7 +39,7 @@ const MULTI_MIN: usize = 3;
 
 const GROUP_SQL: &str = "SELECT * FROM queen.push_segments_v1($1, $2, $3, $4, $5, $6, $7)";
 /// For a queue known to keep a dedup window, the function `push_segments_v1` hands the
-/// call to (see `coalescer::PUSH_WINDOW_SQL`).
+/// call to (see `segment::PUSH_WINDOW_SQL`).
 const GROUP_WINDOW_SQL: &str = "SELECT * FROM queen.push_segments_dedup_v1($1, $2, $3, $4, $5, $6, $7)";
 
 type Reply = oneshot::Sender<Result<SegmentWrite, Arc<PushError>>>;
@@ -212,7 +211,7 @@ async fn write_in_transaction(
 ) -> Result<Vec<Vec<SegmentWrite>>, DbError> {
     // Statements are prepared (cached) first, so that each call below sends
     // its query on first poll, in order, between BEGIN and COMMIT.
-    for sql in [GROUP_SQL, GROUP_WINDOW_SQL, super::coalescer::PUSH_SQL, super::coalescer::PUSH_WINDOW_SQL] {
+    for sql in [GROUP_SQL, GROUP_WINDOW_SQL, PUSH_SQL, PUSH_WINDOW_SQL] {
         client.prepare_cached(sql).await?;
     }
     let begin = client.batch_execute("BEGIN");
@@ -276,14 +275,3 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
         .collect()
 }
 
-/// The original message id a duplicate row points at (nil when its segment
-/// is gone).
-pub(super) fn original_id(row: &tokio_postgres::Row) -> Uuid {
-    let offset: i64 = row.get("o_dup_offset");
-    let seg_base: Option<i64> = row.get("o_seg_base");
-    let seg_blob: Option<&[u8]> = row.get("o_seg_blob");
-    match (seg_base, seg_blob) {
-        (Some(b), Some(blob)) => message_id_at(blob, offset - b).unwrap_or_else(Uuid::nil),
-        _ => Uuid::nil(),
-    }
-}

@@ -5,6 +5,7 @@
 
 pub mod coalescer;
 pub mod group;
+pub mod segment;
 pub mod spool;
 pub mod validate;
 
@@ -14,7 +15,8 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-pub use coalescer::{txn_hash, Coalescer, EntryItem, Outcome, PushError};
+pub use coalescer::{txn_hash, Coalescer, EntryItem, Outcome};
+pub use segment::PushError;
 pub use validate::{parse_push_body, PushItem};
 
 use crate::log::Frame;
