@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ack::{AckRegistry, AckService};
+use crate::ack::AckService;
+use crate::registry::AckRegistry;
 use crate::config::{Config, Database};
 use crate::db;
 use crate::embedded_pg::EmbeddedCluster;

@@ -1,10 +1,13 @@
 //! Queen: a partitioned message-queue broker on PostgreSQL.
 //!
-//! The layout follows the data (see `../shared/spec/ARCHITECTURE.md`):
-//! `http` is the thin surface, `push` the write path, `log` the pure byte
-//! formats, `db` the pool and migrations, `embedded_pg` the private cluster
-//! used when no database is configured, `config` every setting, and `app`
-//! boot and shutdown; `json` holds what the body readers share.
+//! The layout follows the data (README.md, "Layout"): `http` is the thin
+//! surface; `push` the write path, `pop` the claim path and `ack` the commit
+//! path, with `registry` the leased batches those two share; `admin` and
+//! `maintenance` the operator routes and the background services; `log` the
+//! pure byte formats; `db` the pool, claim permits and migrations;
+//! `embedded_pg` the private cluster used when no database is configured,
+//! `config` every setting, and `app` boot and shutdown; `json` holds what the
+//! body readers share.
 
 pub mod ack;
 pub mod admin;
@@ -19,4 +22,5 @@ pub mod maintenance;
 pub mod metrics;
 pub mod pop;
 pub mod push;
+pub mod registry;
 pub mod telemetry;

@@ -1,6 +1,12 @@
 //! The ack registry: what a leased pop handed out, so that an ack can resolve
 //! a transactionId to its offset without asking PostgreSQL.
 //!
+//! Shared state of two paths, so it lives beside both rather than inside
+//! either: the claim path (`pop`) records each leased batch as it renders
+//! it, and the commit path (`ack`) reads it to resolve offsets and forgets a
+//! batch when its lease is released. It only resolves; whether a lease is
+//! live is decided in PostgreSQL, under the cursor row's lock.
+//!
 //! Keyed by leaseId, then partition: the batch's transactionIds and offsets,
 //! and its queue's name (so that a plain ack needs no lookup to name it).
 //! Bounded in memory (oldest batches are forgotten first); a miss is never an

@@ -18,7 +18,6 @@
 //! The broker's part beyond resolution is the DLQ snapshot: only it can
 //! decode the head message out of its segment.
 
-pub mod registry;
 pub mod transaction;
 
 use std::collections::HashMap;
@@ -33,7 +32,7 @@ use uuid::Uuid;
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::push::coalescer::txn_hash;
-pub use registry::AckRegistry;
+use crate::registry::{self, AckRegistry};
 
 /// What an ack says about its message, normalized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

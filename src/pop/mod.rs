@@ -88,7 +88,7 @@ pub struct PopService {
     pub settings: Arc<settings::QueueSettings>,
     /// Revisits of partitions a visibility option hides (`pop::wheel`).
     pub wheel: Arc<wheel::Wheel>,
-    registry: Arc<crate::ack::AckRegistry>,
+    registry: Arc<crate::registry::AckRegistry>,
     telemetry: Arc<crate::metrics::Telemetry>,
     /// Claims running at once; the limit follows PostgreSQL's latency.
     permits: AdaptiveLimiter,
@@ -103,7 +103,7 @@ impl PopService {
         cfg: PopConfig,
         pool_size: usize,
         pool_wait: Duration,
-        registry: Arc<crate::ack::AckRegistry>,
+        registry: Arc<crate::registry::AckRegistry>,
     ) -> Arc<PopService> {
         // At most three quarters of the pool (the rest is for pushes and
         // acks); where in between, PostgreSQL's latency decides.
@@ -508,7 +508,7 @@ mod tests {
         let manager =
             deadpool_postgres::Manager::from_config(tokio_postgres::Config::new(), tokio_postgres::NoTls, Default::default());
         let pool = deadpool_postgres::Pool::builder(manager).max_size(2).build().unwrap();
-        let registry = std::sync::Arc::new(crate::ack::AckRegistry::new(1 << 20));
+        let registry = std::sync::Arc::new(crate::registry::AckRegistry::new(1 << 20));
         let pops = super::PopService::new(pool, cfg.pop.clone(), 4, std::time::Duration::from_secs(1), registry);
         let route = super::Route::Wildcard { queue: "q".into() };
         let params = super::params::PopParams::parse(&[], &cfg.pop).unwrap();
