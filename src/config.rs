@@ -399,7 +399,9 @@ impl Config {
     }
 
     /// Every variable, its default and meaning: the `--help` epilogue and the
-    /// README table are written from this one list.
+    /// table of docs/CONFIGURATION.md are written from this one list (a test
+    /// keeps the file equal to `variables_markdown`, and checks that every
+    /// variable the parser reads is here).
     pub const VARIABLES: &'static [(&'static str, &'static str, &'static str)] = &[
         ("HOST", "0.0.0.0", "address the HTTP server binds"),
         ("PORT", "6632", "HTTP port (0 = any free port)"),
@@ -462,8 +464,29 @@ impl Config {
         ("JWT_SKIP_PATHS", "/health,/metrics/prometheus,/metrics,/", "paths served without a token"),
         ("JWT_ROLES_CLAIM", "role", "claim holding one role"),
         ("JWT_ROLES_ARRAY_CLAIM", "roles", "claim holding a list of roles"),
-        ("JWT_ROLE_ADMIN", "admin", "role name of the admin level (also JWT_ROLE_READ_WRITE, _READ_ONLY, _WRITE_ONLY)"),
+        ("JWT_ROLE_ADMIN", "admin", "role name of the admin level (also JWT_ROLE_READ_WRITE, JWT_ROLE_READ_ONLY, JWT_ROLE_WRITE_ONLY)"),
     ];
+
+    /// The variable table as Markdown, as docs/CONFIGURATION.md holds it:
+    /// variable names in code spans, the empty default as nothing.
+    pub fn variables_markdown() -> String {
+        fn code_names(text: &str) -> String {
+            let is_name = |w: &str| w.len() > 2 && w.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            text.split(' ')
+                .map(|w| {
+                    let core = w.trim_matches(|c: char| "(),".contains(c));
+                    if is_name(core) { w.replacen(core, &format!("`{core}`"), 1) } else { w.to_string() }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+        let mut s = String::from("| Variable | Default | Meaning |\n|---|---|---|\n");
+        for (name, default, what) in Config::VARIABLES {
+            let d = if default.is_empty() { String::new() } else { format!("`{default}`") };
+            s.push_str(&format!("| {} | {d} | {} |\n", code_names(name), what.replace('|', "\\|")));
+        }
+        s
+    }
 
     /// The variable table as text, for `--help`.
     pub fn variables_help() -> String {
@@ -581,13 +604,45 @@ mod tests {
 }
 
 #[cfg(test)]
-mod readme {
+mod documentation {
+    use super::Config;
+
+    const BEGIN: &str = "<!-- variables: generated from Config::VARIABLES; QUEEN_BLESS=1 cargo test --lib documentation rewrites it -->\n";
+    const END: &str = "<!-- end of variables -->";
+
+    /// docs/CONFIGURATION.md's table is `Config::variables_markdown()`, byte
+    /// for byte: the page cannot drift from the parser's list.
     #[test]
-    fn the_readme_table_lists_every_variable() {
-        let readme = include_str!("../README.md");
-        for (name, _, _) in super::Config::VARIABLES {
-            let first = name.split_whitespace().next().unwrap();
-            assert!(readme.contains(&format!("`{first}`")), "README.md lacks {first}");
+    fn the_configuration_page_is_the_variable_list() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIGURATION.md");
+        let page = std::fs::read_to_string(path).unwrap();
+        let start = page.find(BEGIN).expect("the generated section's opening marker") + BEGIN.len();
+        let end = page.find(END).expect("the generated section's closing marker");
+        let want = Config::variables_markdown();
+        if std::env::var_os("QUEEN_BLESS").is_some() {
+            std::fs::write(path, format!("{}{want}{}", &page[..start], &page[end..])).unwrap();
+            return;
+        }
+        assert_eq!(page[start..end], want, "docs/CONFIGURATION.md is stale: run QUEEN_BLESS=1 cargo test --lib documentation");
+    }
+
+    /// Every variable the parser reads (its name lists in this file) is in
+    /// `Config::VARIABLES`, by name or as a named alias.
+    #[test]
+    fn every_variable_the_parser_reads_is_listed() {
+        let source = include_str!("config.rs");
+        let listed: Vec<&str> = Config::VARIABLES
+            .iter()
+            .flat_map(|(n, _, w)| n.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).chain(w.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))))
+            .collect();
+        let mut read = Vec::new();
+        for chunk in source.split("&[\"").skip(1) {
+            let list = &chunk[..chunk.find(']').unwrap()];
+            read.extend(list.split(", ").map(|n| n.trim_matches('"').to_string()));
+        }
+        assert!(read.len() > 50, "the scan found the parser's names: {read:?}");
+        for name in read.iter().filter(|n| n.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')) {
+            assert!(listed.contains(&name.as_str()), "{name} is read but not in Config::VARIABLES");
         }
     }
 }
