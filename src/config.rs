@@ -45,13 +45,32 @@ pub enum SubscriptionMode {
 }
 
 impl SubscriptionMode {
-    /// `all`, or `new` with its aliases `new-only` and `new_only`.
+    /// Every spelling a Queen client or broker configuration sends, in any
+    /// case: the 2.x clients' `all` and `new`, the older clients'
+    /// `from_beginning`, and upstream's aliases of `new` (docs/DECISIONS.md,
+    /// "Spellings the broker reads"). The one home of the rule: the pop
+    /// query and `DEFAULT_SUBSCRIPTION_MODE` both parse through here.
+    pub const SPELLINGS: &'static [(&'static str, SubscriptionMode)] = &[
+        ("all", SubscriptionMode::All),
+        ("from_beginning", SubscriptionMode::All),
+        ("from-beginning", SubscriptionMode::All),
+        ("new", SubscriptionMode::New),
+        ("new-only", SubscriptionMode::New),
+        ("new_only", SubscriptionMode::New),
+    ];
+
+    /// The mode a spelling names (empty = `all`), or None.
     pub fn parse(s: &str) -> Option<SubscriptionMode> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "all" | "" => Some(SubscriptionMode::All),
-            "new" | "new-only" | "new_only" => Some(SubscriptionMode::New),
-            _ => None,
+        let s = s.trim().to_ascii_lowercase();
+        if s.is_empty() {
+            return Some(SubscriptionMode::All);
         }
+        Self::SPELLINGS.iter().find(|(spelling, _)| *spelling == s).map(|(_, mode)| *mode)
+    }
+
+    /// The accepted spellings, for an error message.
+    pub fn accepted() -> String {
+        Self::SPELLINGS.iter().map(|(s, _)| *s).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -358,8 +377,11 @@ impl Config {
                 wait_max: ms(&["POP_WAIT_MAX_INTERVAL_MS"], 1000, 1)?,
                 default_subscription_mode: match env.get(&["DEFAULT_SUBSCRIPTION_MODE"]) {
                     None => SubscriptionMode::All,
-                    Some((var, value)) => SubscriptionMode::parse(&value)
-                        .ok_or(ConfigError { var, value, expected: "all or new (new-only, new_only)" })?,
+                    Some((var, value)) => SubscriptionMode::parse(&value).ok_or(ConfigError {
+                        var,
+                        value,
+                        expected: "one of all, from_beginning, from-beginning, new, new-only, new_only",
+                    })?,
                 },
                 hotlist: env.boolean(&["QUEEN_HOTLIST"], true)?,
                 hotlist_reseed: ms(&["QUEEN_HOTLIST_RESEED_MS"], 30_000, 100)?,
@@ -430,7 +452,7 @@ impl Config {
         ("POP_WAIT_BACKOFF_THRESHOLD", "3", "re-checks at the initial interval before backing off"),
         ("POP_WAIT_BACKOFF_MULTIPLIER", "2.0", "backoff growth: initial x attempt x multiplier"),
         ("POP_WAIT_MAX_INTERVAL_MS", "1000", "longest long-poll re-check interval"),
-        ("DEFAULT_SUBSCRIPTION_MODE", "all", "where a named group starts when its first pop names no mode (all or new)"),
+        ("DEFAULT_SUBSCRIPTION_MODE", "all", "where a named group starts when its first pop names no mode: all (alias from_beginning) or new (aliases new-only, new_only); never applies to queue mode"),
         ("QUEEN_HOTLIST", "true", "broker-side candidate ring; false = SQL candidate scan"),
         ("QUEEN_HOTLIST_RESEED_MS", "30000", "how often a candidate ring is reseeded from SQL"),
         ("QUEEN_POP_ADAPTIVE_PERMITS", "true", "concurrent claims follow PostgreSQL's latency (Vegas); false = three quarters of DB_POOL_SIZE"),
@@ -541,7 +563,12 @@ mod tests {
         for v in ["new", "new-only", "NEW_ONLY"] {
             assert_eq!(parse(&[("DEFAULT_SUBSCRIPTION_MODE", v)]).unwrap().pop.default_subscription_mode, SubscriptionMode::New);
         }
-        assert_eq!(parse(&[("DEFAULT_SUBSCRIPTION_MODE", "latest")]).unwrap_err().var, "DEFAULT_SUBSCRIPTION_MODE");
+        for v in ["all", "from_beginning", "From-Beginning", ""] {
+            assert_eq!(parse(&[("DEFAULT_SUBSCRIPTION_MODE", v)]).unwrap().pop.default_subscription_mode, SubscriptionMode::All);
+        }
+        let e = parse(&[("DEFAULT_SUBSCRIPTION_MODE", "latest")]).unwrap_err();
+        assert_eq!(e.var, "DEFAULT_SUBSCRIPTION_MODE");
+        assert_eq!(e.expected, format!("one of {}", SubscriptionMode::accepted()), "the message lists every spelling");
     }
 
     #[test]

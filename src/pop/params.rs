@@ -82,7 +82,9 @@ impl PopParams {
         let mode = match get("subscriptionMode") {
             None | Some("") => None,
             Some(m) => Some(
-                SubscriptionMode::parse(m).ok_or_else(|| format!("subscriptionMode: must be all or new, got {m:?}"))?,
+                SubscriptionMode::parse(m).ok_or_else(|| {
+                    format!("subscriptionMode: must be one of {}, got {m:?}", SubscriptionMode::accepted())
+                })?,
             ),
         };
         let (mut intent_mode, mut intent_from) = (None, None);

@@ -1,0 +1,49 @@
+//! What the older Queen clients send (issue 27 §1): the JavaScript client
+//! and the pre-2.x Python client spell some parameters differently from
+//! 2.6.0, and the broker reads every spelling in docs/DECISIONS.md's table.
+
+#[macro_use]
+mod common;
+
+use common::Broker;
+use serde_json::json;
+
+both_modes!(from_beginning_is_a_spelling_of_all_for_a_groups_first_pop);
+
+/// `subscriptionMode=from_beginning`, the older clients' "all": a new group
+/// reads the whole backlog (where `new` would skip it), in any case.
+async fn from_beginning_is_a_spelling_of_all_for_a_groups_first_pop(hotlist: bool) {
+    let b = common::broker_in_mode(hotlist).await;
+    b.push_to("legacy", "p", &[json!("old-1"), json!("old-2")]).await;
+    for (group, mode) in [("js", "from_beginning"), ("py", "FROM-BEGINNING")] {
+        let r = b.pop(&format!("/api/v1/pop/queue/legacy?consumerGroup={group}&subscriptionMode={mode}&batch=10&autoAck=true")).await;
+        assert_eq!(r.data(), [json!("old-1"), json!("old-2")], "{mode}");
+    }
+    assert_eq!(b.pop("/api/v1/pop/queue/legacy?consumerGroup=fresh&subscriptionMode=new_only&batch=10").await.status, 204, "new_only skips it");
+}
+
+/// A value that is no spelling of anything stays a 400 that lists every
+/// accepted one, and changes nothing.
+#[tokio::test]
+async fn an_unknown_subscription_mode_is_refused_with_the_accepted_spellings() {
+    let b = Broker::start().await;
+    b.push_to("legacy", "p", &[json!(1)]).await;
+    let r = b.pop("/api/v1/pop/queue/legacy?consumerGroup=g&subscriptionMode=sometimes").await;
+    assert_eq!(r.status, 400);
+    let err = r.body.unwrap()["error"].as_str().unwrap().to_string();
+    assert_eq!(err, "subscriptionMode: must be one of all, from_beginning, from-beginning, new, new-only, new_only, got \"sometimes\"");
+    let cursors: i64 = b.sql().await.query_one("SELECT count(*) FROM queen.consumers", &[]).await.unwrap().get(0);
+    assert_eq!(cursors, 0, "the refused pop registered nothing");
+}
+
+/// `DEFAULT_SUBSCRIPTION_MODE` takes the same spellings: `from_beginning`
+/// boots a broker whose new groups read the backlog.
+#[tokio::test]
+async fn the_server_default_takes_the_same_spellings() {
+    let b = Broker::start_with(&[("DEFAULT_SUBSCRIPTION_MODE", "from_beginning")]).await;
+    b.push_to("legacy", "p", &[json!("kept")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/legacy?consumerGroup=g&autoAck=true").await.data(), [json!("kept")]);
+    let b = Broker::start_with(&[("DEFAULT_SUBSCRIPTION_MODE", "new-only")]).await;
+    b.push_to("legacy", "p", &[json!("skipped")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/legacy?consumerGroup=g").await.status, 204);
+}
