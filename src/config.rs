@@ -199,7 +199,7 @@ pub struct Config {
 pub struct ConfigError {
     pub var: &'static str,
     pub value: String,
-    pub expected: &'static str,
+    pub expected: std::borrow::Cow<'static, str>,
 }
 
 /// Reads variables through a lookup function so that tests can feed a map.
@@ -230,7 +230,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             None => Ok(default),
             Some((var, value)) => match value.parse::<T>() {
                 Ok(v) if valid(&v) => Ok(v),
-                _ => Err(ConfigError { var, value, expected }),
+                _ => Err(ConfigError { var, value, expected: expected.into() }),
             },
         }
     }
@@ -239,7 +239,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         match self.get(names) {
             None => Ok(default),
             Some((var, value)) => parse_bool(&value)
-                .ok_or(ConfigError { var, value, expected: "a boolean (true/false, 1/0, yes/no, on/off)" }),
+                .ok_or(ConfigError { var, value, expected: "a boolean (true/false, 1/0, yes/no, on/off)".into() }),
         }
     }
 }
@@ -258,7 +258,7 @@ fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig
             "RS512" => Some(RS512),
             "EDDSA" => Some(EdDSA),
             "AUTO" => None,
-            _ => return Err(ConfigError { var, value, expected: "HS256|HS384|HS512|RS256|RS384|RS512|EdDSA|auto" }),
+            _ => return Err(ConfigError { var, value, expected: "HS256|HS384|HS512|RS256|RS384|RS512|EdDSA|auto".into() }),
         },
     };
     // PEM in an environment variable often arrives with literal \n.
@@ -286,13 +286,13 @@ fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig
         let hmac = matches!(cfg.algorithm, Some(HS256 | HS384 | HS512));
         let public = matches!(cfg.algorithm, Some(RS256 | RS384 | RS512 | EdDSA));
         if hmac && cfg.secret.is_none() {
-            return Err(ConfigError { var: "JWT_SECRET", value: String::new(), expected: "a secret for the HS* algorithm (JWT_ENABLED is on)" });
+            return Err(ConfigError { var: "JWT_SECRET", value: String::new(), expected: "a secret for the HS* algorithm (JWT_ENABLED is on)".into() });
         }
         if public && cfg.public_key.is_none() {
-            return Err(ConfigError { var: "JWT_PUBLIC_KEY", value: String::new(), expected: "a PEM public key for RS*/EdDSA (JWT_ENABLED is on)" });
+            return Err(ConfigError { var: "JWT_PUBLIC_KEY", value: String::new(), expected: "a PEM public key for RS*/EdDSA (JWT_ENABLED is on)".into() });
         }
         if cfg.algorithm.is_none() && cfg.secret.is_none() && cfg.public_key.is_none() {
-            return Err(ConfigError { var: "JWT_ALGORITHM", value: "auto".into(), expected: "JWT_SECRET or JWT_PUBLIC_KEY to verify with" });
+            return Err(ConfigError { var: "JWT_ALGORITHM", value: "auto".into(), expected: "JWT_SECRET or JWT_PUBLIC_KEY to verify with".into() });
         }
     }
     Ok(cfg)
@@ -380,7 +380,7 @@ impl Config {
                     Some((var, value)) => SubscriptionMode::parse(&value).ok_or(ConfigError {
                         var,
                         value,
-                        expected: "one of all, from_beginning, from-beginning, new, new-only, new_only",
+                        expected: format!("one of {}", SubscriptionMode::accepted()).into(),
                     })?,
                 },
                 hotlist: env.boolean(&["QUEEN_HOTLIST"], true)?,

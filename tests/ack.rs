@@ -25,7 +25,7 @@ enum Resolution {
     RegistryAndIndex,
     /// Neither: a queue without a dedup window keeps no index and a 0 MiB
     /// registry remembers nothing, so acks decode the segments around the
-    /// cursor (migration 0009).
+    /// cursor (`queen.ack_span_v1`).
     Span,
 }
 
@@ -620,8 +620,8 @@ async fn without_index_or_registry_an_ack_resolves_within_a_thousand_offsets_of_
 }
 
 /// A plain ack batch names each group's queue: from the ack registry when
-/// the pop was this broker's, from the partition row otherwise (migration
-/// 0018). Both count the acks under the right queue and release the leases.
+/// the pop was this broker's, from the partition row otherwise
+/// (`queen.ack_completed_many_v1`). Both count the acks under the right queue and release the leases.
 #[tokio::test]
 async fn a_plain_ack_batch_names_each_queue_with_or_without_the_registry() {
     for registry_mb in [None, Some("0")] {

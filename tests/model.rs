@@ -215,7 +215,7 @@ impl Model {
     }
 
     /// ack_v1's rules for one (partition, group, lease) group of items (see
-    /// migrations 0004 and 0019), applied to the model.
+    /// 0004_ack.sql), applied to the model.
     fn ack(&mut self, part: usize, group: usize, lease: &str, items: &[(i64, St)], fenced: bool) -> Vec<Verdict> {
         let cur = self.cursor(part, group).clone();
         let live = cur.lease.as_ref().filter(|l| l.id == lease && l.live);

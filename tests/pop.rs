@@ -260,8 +260,7 @@ async fn unparseable_parameters_answer_400_naming_them() {
 #[tokio::test]
 async fn a_push_through_another_broker_reaches_a_parked_long_poll_through_the_background_reseed() {
     let here = Broker::start_with(&[("QUEEN_HOTLIST_RESEED_MS", "400")]).await;
-    let c = common::cluster();
-    let there = Broker::spawn(here.db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), c.url(&here.db))]).await;
+    let there = here.peer().await;
     // First contact, so the ring exists and is idle.
     assert_eq!(here.pop("/api/v1/pop/queue/far?consumerGroup=g").await.status, 204);
     let parked = {

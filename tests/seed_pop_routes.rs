@@ -311,8 +311,7 @@ async fn the_discovery_route_spans_queues_by_label(hotlist: bool) {
 #[tokio::test]
 async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
     let here = Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await;
-    let c = common::cluster();
-    let there = Broker::spawn(here.db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), c.url(&here.db))]).await;
+    let there = here.peer().await;
     assert_eq!(here.pop("/api/v1/pop/queue/far?consumerGroup=g").await.status, 204);
     // (parked for, found no sooner than, found within) ms after the push: the
     // first three re-checks come 100 ms apart, the fourth 600 ms after the third.

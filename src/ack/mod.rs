@@ -307,7 +307,7 @@ impl AckService {
     /// `groups`, whether the lease was released and the queue. Groups the
     /// call leaves out were not touched (ack_v1 answers them). `groups` is
     /// in partition order and so are the call's arrays: the call locks the
-    /// cursor rows in the order it is given them (migration 0018). The queue
+    /// cursor rows in the order it is given them (0004_ack.sql). The queue
     /// names the registry knew spare the call a lookup per group.
     async fn apply_plain(
         &self,

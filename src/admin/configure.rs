@@ -200,7 +200,7 @@ pub async fn apply(pool: &Pool, req: &Request) -> Result<Value, DbError> {
     } else if !given.contains(&"lease_time") {
         // A configured queue's lease defaults to the column default (300 s),
         // an implicit queue's is 60 s: the first configure of an implicit
-        // queue moves it to the configured default (migration 0021).
+        // queue moves it to the configured default (`queues.configured_at`).
         // EXCLUDED.lease_time is the insert's value: the column default.
         updates.push("lease_time = CASE WHEN q.configured_at IS NULL THEN EXCLUDED.lease_time ELSE q.lease_time END".into());
     }

@@ -51,9 +51,26 @@ const LOCK_KEY: i64 = 0x5155_4545_4e4d_4947; // "QUEENMIG"
 
 /// Applies every pending migration; returns how many were applied.
 pub async fn apply(pool: &Pool) -> Result<usize, DbError> {
+    migrate(pool, false).await
+}
+
+/// `queen migrate --reset --yes`: drops the `queen` schema with everything
+/// in it and applies the migrations afresh, in the same transaction behind
+/// the migration lock, so a failed reset leaves the old schema in place.
+/// Returns how many migrations were applied.
+pub async fn reset(pool: &Pool) -> Result<usize, DbError> {
+    migrate(pool, true).await
+}
+
+/// One migration transaction: the lock, `reset`'s drop when asked, the
+/// refusal of an unknown schema, then every pending file.
+async fn migrate(pool: &Pool, drop_first: bool) -> Result<usize, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
+    if drop_first {
+        tx.batch_execute("DROP SCHEMA IF EXISTS queen CASCADE").await?;
+    }
     tx.batch_execute(
         "CREATE SCHEMA IF NOT EXISTS queen;
          CREATE TABLE IF NOT EXISTS queen.schema_migrations (
@@ -98,20 +115,6 @@ fn unknown_schema(applied: &[(i32, String)]) -> Option<String> {
         format!("this database holds a Queen schema this broker does not know (migration {version} {name}); \
                  run the broker that wrote it, or {reset}")
     })
-}
-
-/// `queen migrate --reset --yes`: drops the `queen` schema with everything
-/// in it and applies the migrations afresh, in one transaction behind the
-/// migration lock. Returns how many migrations were applied.
-pub async fn reset(pool: &Pool) -> Result<usize, DbError> {
-    {
-        let mut client = pool.get().await?;
-        let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY]).await?;
-        tx.batch_execute("DROP SCHEMA IF EXISTS queen CASCADE").await?;
-        tx.commit().await?;
-    }
-    apply(pool).await
 }
 
 #[cfg(test)]

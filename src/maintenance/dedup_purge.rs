@@ -4,7 +4,7 @@
 //!
 //! The index has no time column worth indexing (it is the one per-message
 //! row), so the purge walks *segments* instead: per partition, from its mark
-//! (`queen.dedup_purge_marks`, migration 0014) through the segments that left
+//! (`queen.dedup_purge_marks`, 0001_schema.sql) through the segments that left
 //! the window, decoding each to learn its transactionIds and deleting exactly
 //! those entries. A partition's segments are created in offset order, so what
 //! is due is a prefix from the mark, and the mark remembers when the first

@@ -90,7 +90,7 @@ claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5
 claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
 claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 // One partition of a windowBuffer queue whose hold the broker timed itself:
-// the claim with the SQL debounce skipped (migration 0022), named as the
+// the claim with the SQL debounce skipped (`pop_claim_v1`, 0003_pop.sql), named as the
 // list functions name their rows.
 claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_partition, $11::text AS o_queue, c.*
     FROM queen.pop_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9) c");

@@ -140,6 +140,12 @@ impl Broker {
         Broker { url, db, http: reqwest::Client::new(), env, child: Some(child), logs, spool_dir }
     }
 
+    /// A second broker process on this broker's database, with the default
+    /// environment: what several brokers on one PostgreSQL look like.
+    pub async fn peer(&self) -> Broker {
+        Broker::spawn(self.db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), cluster().url(&self.db))]).await
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
