@@ -127,9 +127,16 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let listener =
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| BootError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(BootError::Serve)?;
-    let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone());
+    let encryption = crate::crypto::Encryption::new(config.encryption.as_ref());
+    if let Some(ring) = encryption.ring() {
+        // Before the first push: a broker that has not loaded which queues
+        // encrypt would write their payloads in the clear.
+        encryption.refresh(&store.pool).await?;
+        tracing::info!(key = %ring.current_id(), "encryption at rest: payloads of queues with encryptionEnabled are sealed under this key");
+    }
+    let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone(), encryption.clone());
     let registry = Arc::new(AckRegistry::new(config.ack_registry_bytes));
-    let pop = PopService::new(store.pool.clone(), config.pop.clone(), config.pool_size, config.pool_wait, registry.clone());
+    let pop = PopService::new(store.pool.clone(), config.pop.clone(), config.pool_size, config.pool_wait, registry.clone(), encryption.clone());
     let ack = Arc::new(AckService::new(store.pool.clone(), registry));
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
@@ -138,12 +145,13 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         pop.spawn_reseeder(stop_services.subscribe());
     }
     pop.settings.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
+    encryption.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
     spawn_maintenance(&config, &store.pool, &stop_services);
     spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());
     let spool = match crate::push::spool::SpoolOwner::of(&store.pool)
         .await
         .map_err(|e| crate::push::spool::SpoolError::Push(format!("which database this is: {e}")))
-        .and_then(|owner| crate::push::spool::Spool::open(&config.file_buffer_dir, owner))
+        .and_then(|owner| crate::push::spool::Spool::open(&config.file_buffer_dir, owner, encryption.clone()))
     {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
@@ -219,7 +227,7 @@ fn spawn_pool_reaper(pool: deadpool_postgres::Pool, idle: Duration, mut shutdown
 
 /// The background services, each with the shutdown signal.
 fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &broadcast::Sender<()>) {
-    use crate::maintenance::{analyze, dedup_purge, metrics_sampler, partition_cleanup, retention, spawn_service};
+    use crate::maintenance::{analyze, dedup_purge, eviction, metrics_sampler, partition_cleanup, retention, spawn_service};
     if let Some(every) = config.analyze_interval {
         let p = pool.clone();
         spawn_service("analyze", every, stop.subscribe(), move || {
@@ -243,6 +251,11 @@ fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &bro
     spawn_service("dedup_purge", config.retention_interval, stop.subscribe(), move || {
         let p = p.clone();
         async move { dedup_purge::tick(&p, batch).await }
+    });
+    let (p, batch) = (pool.clone(), config.eviction_batch);
+    spawn_service("eviction", config.eviction_interval, stop.subscribe(), move || {
+        let p = p.clone();
+        async move { eviction::tick(&p, batch).await }
     });
     // The recorder frees histogram samples only when it folds them in.
     spawn_service("metrics_upkeep", crate::metrics::UPKEEP_EVERY, stop.subscribe(), || async {

@@ -191,6 +191,60 @@ pub struct Config {
     pub file_buffer_flush: Duration,
     pub auth: AuthConfig,
     pub limits: Limits,
+    /// Encryption at rest: None without `QUEEN_ENCRYPTION_KEY`.
+    pub encryption: Option<EncryptionKeys>,
+    /// Cadence and batch of the `maxWaitTimeSeconds` eviction service.
+    pub eviction_interval: Duration,
+    pub eviction_batch: i64,
+}
+
+/// The AES-256 keys of encryption at rest: envelopes are sealed under
+/// `current` and opened under any of them. Debug never prints a key.
+#[derive(Clone, PartialEq)]
+pub struct EncryptionKeys {
+    pub current: [u8; 32],
+    /// Older keys, read-only (`QUEEN_ENCRYPTION_KEYS`), for a rotation.
+    pub older: Vec<[u8; 32]>,
+}
+
+impl std::fmt::Debug for EncryptionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EncryptionKeys {{ current: <redacted>, older: {} }}", self.older.len())
+    }
+}
+
+/// One 256-bit key written as 64 hex characters.
+fn parse_key(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (i, byte) in key.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(key)
+}
+
+fn encryption_keys<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<Option<EncryptionKeys>, ConfigError> {
+    // The value is a secret: errors name the variable and the rule, never the value.
+    let refuse = |var: &'static str, expected: &'static str| ConfigError { var, value: "<redacted>".into(), expected: expected.into() };
+    let older = match env.get(&["QUEEN_ENCRYPTION_KEYS"]) {
+        None => Vec::new(),
+        Some((var, list)) => list
+            .split(',')
+            .filter(|k| !k.trim().is_empty())
+            .map(|k| parse_key(k).ok_or_else(|| refuse(var, "a comma list of keys of 64 hex characters each")))
+            .collect::<Result<_, _>>()?,
+    };
+    match env.get(&["QUEEN_ENCRYPTION_KEY"]) {
+        Some((var, hex)) => {
+            let current = parse_key(&hex).ok_or_else(|| refuse(var, "64 hex characters (a 256-bit AES key)"))?;
+            Ok(Some(EncryptionKeys { current, older }))
+        }
+        None if !older.is_empty() => Err(refuse("QUEEN_ENCRYPTION_KEYS", "QUEEN_ENCRYPTION_KEY beside it (older keys only read what the current one no longer writes)")),
+        None => Ok(None),
+    }
 }
 
 /// A variable that does not parse.
@@ -408,6 +462,9 @@ impl Config {
             file_buffer_dir,
             file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
             auth: auth_config(&env)?,
+            encryption: encryption_keys(&env)?,
+            eviction_interval: ms(&["EVICTION_INTERVAL"], 60_000, 100)?,
+            eviction_batch: env.parse(&["EVICTION_BATCH_SIZE"], 1000i64, "a batch size of at least 1", |v| *v >= 1)?,
             limits: Limits {
                 max_connections: env.parse(&["QUEEN_MAX_CONNECTIONS"], 10_000usize, "a connection count of at least 1", |v| *v >= 1)?,
                 header_timeout: ms(&["QUEEN_HEADER_TIMEOUT_MS"], 10_000, 10)?,
@@ -467,6 +524,10 @@ impl Config {
         ("PARTITION_CLEANUP_DAYS", "30", "days an emptied partition stays unwritten before it is removed (fractions allowed)"),
         ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
         ("QUEEN_ANALYZE_INTERVAL_MS", "1000", "ms between checks for a partition table grown past twice its planner statistics, which are then refreshed (0 = leave it to autovacuum)"),
+        ("QUEEN_ENCRYPTION_KEY", "", "64 hex characters: the AES-256-GCM key that seals the payloads of queues with encryptionEnabled; a malformed key stops the boot"),
+        ("QUEEN_ENCRYPTION_KEYS", "", "comma list of older keys (64 hex characters each) still read, never written: a key rotation"),
+        ("EVICTION_INTERVAL", "60000", "ms between passes of the maxWaitTimeSeconds eviction (messages waited past a queue's limit go to the dead-letter queue)"),
+        ("EVICTION_BATCH_SIZE", "1000", "most messages one eviction pass dead-letters"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage (default `QUEEN_DATA_DIR/spool` on the embedded cluster); a broker replays only the files of its own database"),
         ("FILE_BUFFER_FLUSH_MS", "100", "ms between spool replay attempts"),
         ("QUEEN_MAX_CONNECTIONS", "10000", "open connections; one over the cap is closed at once"),
@@ -586,6 +647,27 @@ mod tests {
         );
         let c = parse(&[("PG_HOST", "db"), ("PG_DB", "q"), ("PG_DATABASE", "p")]).unwrap();
         assert!(matches!(c.database, Database::Params { dbname, .. } if dbname == "p"));
+    }
+
+    #[test]
+    fn an_encryption_key_is_64_hex_characters_and_a_bad_one_names_no_secret() {
+        let hex = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF";
+        let c = parse(&[("QUEEN_ENCRYPTION_KEY", hex)]).unwrap();
+        let keys = c.encryption.expect("a key");
+        assert_eq!(keys.current[..4], [0x00, 0x11, 0x22, 0x33]);
+        assert_eq!(keys.current[31], 0xff);
+        assert!(!format!("{keys:?}").contains("0011"), "Debug redacts the key");
+        assert_eq!(parse(&[]).unwrap().encryption, None);
+        for bad in [&hex[..62], "zz112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", "é0112233445566778899aabbccddeeff00112233445566778899aabbccddeef"] {
+            let e = parse(&[("QUEEN_ENCRYPTION_KEY", bad)]).unwrap_err();
+            assert_eq!(e.var, "QUEEN_ENCRYPTION_KEY");
+            assert!(!e.to_string().contains(&bad[2..10]), "the error never echoes the key: {e}");
+        }
+        let older = format!("{},{}", "11".repeat(32), "22".repeat(32));
+        let c = parse(&[("QUEEN_ENCRYPTION_KEY", hex), ("QUEEN_ENCRYPTION_KEYS", &older)]).unwrap();
+        assert_eq!(c.encryption.unwrap().older, vec![[0x11; 32], [0x22; 32]]);
+        assert_eq!(parse(&[("QUEEN_ENCRYPTION_KEY", hex), ("QUEEN_ENCRYPTION_KEYS", "abc")]).unwrap_err().var, "QUEEN_ENCRYPTION_KEYS");
+        assert_eq!(parse(&[("QUEEN_ENCRYPTION_KEYS", &older)]).unwrap_err().var, "QUEEN_ENCRYPTION_KEYS", "older keys need a current one");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod ack;
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod crypto;
 pub mod db;
 pub mod embedded_pg;
 pub mod http;

@@ -3,7 +3,7 @@
 //! Each transactionId is resolved to its offset (the registry a leased pop
 //! filled, then the transaction index, then the segments around the group's
 //! cursor: a queue without a dedup window keeps no index), acks are grouped by
-//! (partition, lease), and each group is applied by one call to `queen.ack_v1`,
+//! (partition, lease), and each group is applied by one call to `queen.ack_v2`,
 //! where the lease check, implicit acks, clamping, the retry budget and the
 //! DLQ live; only the plain groups (a live lease, every item completed) are
 //! applied together by `queen.ack_completed_many_v1`, which implements that
@@ -118,7 +118,7 @@ pub struct Released {
 pub const UNRESOLVABLE: &str =
     "unresolvable: transaction not in the ack window (hash purged or never pushed); if leased, the message redelivers";
 
-const ACK_SQL: &str = "SELECT * FROM queen.ack_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+const ACK_SQL: &str = "SELECT * FROM queen.ack_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 const INDEX_SQL: &str =
     "SELECT txn_hash, msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = ANY ($2)";
 /// What neither the registry nor the index resolves is looked for in the
@@ -128,7 +128,7 @@ const SPAN_SLACK: i32 = 1_000;
 /// How often a multi-partition ack transaction is tried when PostgreSQL
 /// breaks a deadlock by aborting it (nothing of it was applied).
 const DEADLOCK_ATTEMPTS: u32 = 3;
-/// Plain groups go here even one at a time: ack_v1 walks its items in
+/// Plain groups go here even one at a time: ack_v2 walks its items in
 /// PL/pgSQL and answers a row each (1.26 ms of PostgreSQL for one partition's
 /// 500 acks, docs/PERFORMANCE.md, stop 13), where this is one update per group.
 const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v1($1, $2, $3, $4, $5, $6)";
@@ -137,7 +137,7 @@ const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segme
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
 
 /// The acks of one (partition, group, lease), their offsets resolved:
-/// one `ack_v1` call's worth.
+/// one `ack_v2` call's worth.
 struct AckGroup {
     pid: i64,
     group: String,
@@ -158,6 +158,9 @@ struct Snapshot {
     trace_id: Option<Uuid>,
     producer_sub: Option<String>,
     payload: Option<String>,
+    /// The payload's envelope when the message is encrypted: a dead letter
+    /// keeps it sealed, and `payload` is then None.
+    sealed: Option<Vec<u8>>,
     created_at: Option<DateTime<Utc>>,
 }
 
@@ -176,7 +179,7 @@ impl AckService {
     /// leases the acks released.
     ///
     /// Acks of several partitions commit together, in one transaction: each
-    /// `ack_v1` call on its own was one commit, one WAL flush, so a batch over
+    /// `ack_v2` call on its own was one commit, one WAL flush, so a batch over
     /// 50 partitions cost 50 flushes in a row (docs/PERFORMANCE.md, 100,000
     /// partitions). The cursor rows are locked in partition order (see
     /// `ack_on`) and pops skip locked rows, so concurrent batches queue rather
@@ -238,7 +241,7 @@ impl AckService {
             resolved.push(AckGroup { pid, group, lease, idxs, offsets, queue });
         }
         // Plain groups commit in one statement; every other group (and a
-        // plain one it did not apply) goes through ack_v1, all at once:
+        // plain one it did not apply) goes through ack_v2, all at once:
         // pipelined on the connection, sent in partition order, one round
         // trip instead of one per partition.
         let mut plain = self.apply_plain(client, &resolved, items).await?;
@@ -267,7 +270,7 @@ impl AckService {
                     (lease_released, queue)
                 }
                 None => {
-                    let rows = applied.next().expect("one ack_v1 answer per group not applied in bulk");
+                    let rows = applied.next().expect("one ack_v2 answer per group not applied in bulk");
                     let (mut lease_released, mut queue) = (false, None::<String>);
                     for row in rows {
                         let i = idxs[row.get::<_, i32>("o_index") as usize];
@@ -305,7 +308,7 @@ impl AckService {
     /// batch, applied by one
     /// `queen.ack_completed_many_v1` call per consumer group: by index into
     /// `groups`, whether the lease was released and the queue. Groups the
-    /// call leaves out were not touched (ack_v1 answers them). `groups` is
+    /// call leaves out were not touched (ack_v2 answers them). `groups` is
     /// in partition order and so are the call's arrays: the call locks the
     /// cursor rows in the order it is given them (0004_ack.sql). The queue
     /// names the registry knew spare the call a lookup per group.
@@ -346,7 +349,7 @@ impl AckService {
         Ok(done)
     }
 
-    /// One `ack_v1` call for a group, again with the head message's snapshot
+    /// One `ack_v2` call for a group, again with the head message's snapshot
     /// when the call asks for one (a dead-lettering ack).
     async fn apply(
         &self,
@@ -362,16 +365,16 @@ impl AckService {
         let mut snapshot = Snapshot::default();
         loop {
             let s = &snapshot;
-            let args: [&(dyn ToSql + Sync); 14] = [
+            let args: [&(dyn ToSql + Sync); 15] = [
                 &g.pid, &g.group, &lease_arg, &g.offsets, &statuses, &errors, &s.offset, &s.message_id,
-                &s.transaction_id, &s.trace_id, &s.producer_sub, &s.payload, &s.created_at, &fenced,
+                &s.transaction_id, &s.trace_id, &s.producer_sub, &s.payload, &s.sealed, &s.created_at, &fenced,
             ];
             let stmt = client.prepare_cached(ACK_SQL).await?;
             let rows = client.query(&stmt, &args).await?;
             let wants = rows.first().filter(|r| r.get::<_, i32>("o_index") == -1).map(|r| r.get::<_, i64>("o_committed"));
             match wants {
                 Some(head) if snapshot.offset != Some(head) => snapshot = self.snapshot(client, g.pid, head).await?,
-                Some(_) => return Err(DbError::Unexpected("ack_v1 asked twice for the same snapshot".into())),
+                Some(_) => return Err(DbError::Unexpected("ack_v2 asked twice for the same snapshot".into())),
                 None => return Ok(rows),
             }
         }
@@ -458,7 +461,11 @@ impl AckService {
                     snap.transaction_id = Some(f.transaction_id.to_string());
                     snap.trace_id = f.trace_id;
                     snap.producer_sub = f.producer_sub.map(str::to_string);
-                    snap.payload = Some(String::from_utf8_lossy(f.payload_json()).into_owned());
+                    if f.encrypted {
+                        snap.sealed = Some(f.payload.to_vec());
+                    } else {
+                        snap.payload = Some(String::from_utf8_lossy(f.payload_json()).into_owned());
+                    }
                 }
             }
         }

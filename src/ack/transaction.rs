@@ -2,7 +2,7 @@
 //! operations applied in one PostgreSQL transaction, all or nothing.
 //!
 //! Pushes go through the same segment writer as a plain push (frames,
-//! in-request dedup, gap-free offsets) but on the bundle's connection instead
+//! in-request dedup, gap-free offsets, envelopes for an encrypting queue) but on the bundle's connection instead
 //! of the coalescer, so they commit with the acks. A cross-request duplicate
 //! push or a refused ack rolls everything back; the answer is still 200, with
 //! `success: false`, because the client reads the body either way.
@@ -122,6 +122,7 @@ pub async fn run(
     pool: &deadpool_postgres::Pool,
     acks: &AckService,
     zstd_level: i32,
+    encryption: &crate::crypto::Encryption,
     body: &str,
     binary_pushes: &[PushItem<'_>],
     counts_only: bool,
@@ -170,7 +171,7 @@ pub async fn run(
     for (op_index, op) in ops.into_iter().enumerate() {
         match op {
             Op::Push(items) => {
-                let plan = PushPlan::new(&items, producer);
+                let plan = PushPlan::new(&items, producer, encryption);
                 let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
                 for g in &plan.groups {
                     let mut frames = Vec::new();

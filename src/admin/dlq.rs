@@ -29,13 +29,13 @@ const WHERE: &str = "FROM queen.dead_letters d
       AND ($4::timestamptz IS NULL OR d.failed_at >= $4)
       AND ($5::timestamptz IS NULL OR d.failed_at <= $5)";
 
-pub async fn list(pool: &Pool, f: &DlqFilter) -> Result<Value, DbError> {
+pub async fn list(pool: &Pool, ring: Option<&crate::crypto::KeyRing>, f: &DlqFilter) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&f.queue, &f.group, &f.partition, &f.from, &f.to];
     let total: i64 = client.query_one(&format!("SELECT count(*) {WHERE}"), &args).await?.get(0);
     let sql = format!(
         "SELECT d.id, d.transaction_id, d.partition_id, q.name, p.name, d.consumer_group, d.error_message,
-                d.retry_count, d.payload::text, d.producer_sub, d.created_at, d.failed_at, d.message_id, d.trace_id
+                d.retry_count, d.payload::text, d.producer_sub, d.created_at, d.failed_at, d.message_id, d.trace_id, d.sealed
          {WHERE} ORDER BY d.failed_at DESC, d.id DESC LIMIT {} OFFSET {}",
         f.limit, f.offset
     );
@@ -43,7 +43,8 @@ pub async fn list(pool: &Pool, f: &DlqFilter) -> Result<Value, DbError> {
     let messages: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({
+            let shown = super::ShownPayload::of_snapshot(ring, r.get(8), r.get(14), &r.get(12));
+            let mut m = json!({
                 "id": r.get::<_, i64>(0).to_string(),
                 "transactionId": r.get::<_, String>(1),
                 "partitionId": r.get::<_, i64>(2).to_string(),
@@ -52,13 +53,18 @@ pub async fn list(pool: &Pool, f: &DlqFilter) -> Result<Value, DbError> {
                 "consumerGroup": r.get::<_, String>(5),
                 "errorMessage": r.get::<_, Option<String>>(6),
                 "retryCount": r.get::<_, i32>(7),
-                "data": raw_json(r.get(8)),
+                "data": raw_json(shown.json.clone()),
                 "producerSub": r.get::<_, Option<String>>(9),
                 "createdAt": iso_ms(r.get(10)),
                 "failedAt": iso_ms(r.get(11)),
                 "messageId": r.get::<_, uuid::Uuid>(12).to_string(),
                 "traceId": r.get::<_, Option<uuid::Uuid>>(13).map(|t| t.to_string()),
-            })
+            });
+            if r.get::<_, Option<&[u8]>>(14).is_some() {
+                m["isEncrypted"] = json!(true);
+            }
+            shown.note(&mut m);
+            m
         })
         .collect();
     Ok(json!({"messages": messages, "pagination": {"limit": f.limit, "offset": f.offset}, "total": total}))

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::{iso_ms, raw_json};
+use crate::crypto::KeyRing;
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::push::coalescer::txn_hash;
@@ -84,12 +85,12 @@ struct Found {
     message_id: Uuid,
     trace_id: Option<Uuid>,
     producer_sub: Option<String>,
-    payload: String,
+    payload: super::ShownPayload,
     encrypted: bool,
     created_at: DateTime<Utc>,
 }
 
-async fn find(client: &impl GenericClient, pid: i64, txn: &str) -> Result<Option<Found>, DbError> {
+async fn find(client: &impl GenericClient, ring: Option<&KeyRing>, pid: i64, txn: &str) -> Result<Option<Found>, DbError> {
     let indexed = client
         .query_opt("SELECT msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = $2", &[&pid, &txn_hash(txn)])
         .await?
@@ -131,7 +132,7 @@ async fn find(client: &impl GenericClient, pid: i64, txn: &str) -> Result<Option
                 message_id: f.message_id,
                 trace_id: f.trace_id,
                 producer_sub: f.producer_sub.map(str::to_string),
-                payload: String::from_utf8_lossy(f.payload_json()).into_owned(),
+                payload: super::ShownPayload::of_frame(ring, &f),
                 encrypted: f.encrypted,
                 created_at: seg.get(1),
             }));
@@ -141,7 +142,7 @@ async fn find(client: &impl GenericClient, pid: i64, txn: &str) -> Result<Option
 }
 
 /// `GET /api/v1/messages/{partitionId}/{transactionId}`; `None` = 404.
-pub async fn detail(pool: &Pool, pid: i64, txn: &str) -> Result<Option<Value>, DbError> {
+pub async fn detail(pool: &Pool, ring: Option<&KeyRing>, pid: i64, txn: &str) -> Result<Option<Value>, DbError> {
     let client = pool.get().await?;
     let Some(q) = client
         .query_opt(
@@ -156,12 +157,12 @@ pub async fn detail(pool: &Pool, pid: i64, txn: &str) -> Result<Option<Value>, D
     };
     let dead = client
         .query_opt(
-            "SELECT error_message, retry_count, message_id, trace_id, producer_sub, payload::text, created_at, msg_offset
+            "SELECT error_message, retry_count, message_id, trace_id, producer_sub, payload::text, created_at, msg_offset, sealed
              FROM queen.dead_letters WHERE partition_id = $1 AND transaction_id = $2 ORDER BY id DESC LIMIT 1",
             &[&pid, &txn],
         )
         .await?;
-    let found = find(&client, pid, txn).await?;
+    let found = find(&client, ring, pid, txn).await?;
     let cs = cursors(&client, pid).await?;
     let (found, status) = match (found, &dead) {
         (Some(f), Some(_)) => (f, "dead_letter"),
@@ -176,8 +177,8 @@ pub async fn detail(pool: &Pool, pid: i64, txn: &str) -> Result<Option<Value>, D
                 message_id: d.get(2),
                 trace_id: d.get(3),
                 producer_sub: d.get(4),
-                payload: d.get::<_, Option<String>>(5).unwrap_or_else(|| "null".into()),
-                encrypted: false,
+                payload: super::ShownPayload::of_snapshot(ring, d.get(5), d.get(8), &d.get(2)),
+                encrypted: d.get::<_, Option<&[u8]>>(8).is_some(),
                 created_at: d.get(6),
             },
             "dead_letter",
@@ -196,8 +197,8 @@ pub async fn detail(pool: &Pool, pid: i64, txn: &str) -> Result<Option<Value>, D
         .map(iso_ms);
     let bus_groups = cs.iter().filter(|c| c.group != crate::pop::QUEUE_MODE).count();
     let has_queue_mode = cs.iter().any(|c| c.group == crate::pop::QUEUE_MODE);
-    let data = raw_json(Some(found.payload));
-    Ok(Some(json!({
+    let data = raw_json(found.payload.json.clone());
+    let mut answer = json!({
         "id": found.message_id.to_string(),
         "transactionId": txn,
         "data": data,
@@ -222,7 +223,9 @@ pub async fn detail(pool: &Pool, pid: i64, txn: &str) -> Result<Option<Value>, D
         "mode": {"hasQueueMode": has_queue_mode, "busGroupsCount": bus_groups,
                  "type": match (has_queue_mode, bus_groups) { (true, 0) => "queue", (false, n) if n > 0 => "bus", (true, _) => "hybrid", _ => "none" }},
         "consumerGroups": groups,
-    })))
+    });
+    found.payload.note(&mut answer);
+    Ok(Some(answer))
 }
 
 /// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: removes the
@@ -250,10 +253,11 @@ pub struct Replayed {
 /// deterministic transactionId `dlq:<row id>` (so a repeated retry is a
 /// duplicate, not a second copy), then removes the row. `None` = no such row.
 pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, txn: &str) -> Result<Option<Replayed>, DbError> {
+    let ring = coalescer.encryption().ring();
     let client = pool.get().await?;
     let Some(row) = client
         .query_opt(
-            "SELECT d.id, q.name, p.name, d.consumer_group, d.payload::text, d.trace_id, d.producer_sub
+            "SELECT d.id, q.name, p.name, d.consumer_group, d.payload::text, d.trace_id, d.producer_sub, d.sealed, d.message_id
              FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id
              JOIN queen.partitions p ON p.id = d.partition_id
              WHERE d.partition_id = $1 AND d.transaction_id = $2 ORDER BY d.id DESC LIMIT 1",
@@ -266,7 +270,13 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
     drop(client);
     let dlq_id: i64 = row.get(0);
     let (queue, partition, group): (String, String, String) = (row.get(1), row.get(2), row.get(3));
-    let payload: String = row.get::<_, Option<String>>(4).unwrap_or_else(|| "null".into());
+    // An encrypted snapshot is opened here and sealed again by the push
+    // (under the current key, bound to the replay's new message id).
+    let shown = super::ShownPayload::of_snapshot(ring, row.get(4), row.get(7), &row.get(8));
+    if let Some(e) = shown.decrypt_error {
+        return Err(DbError::Unexpected(format!("replay of dead letter {dlq_id}: {e}")));
+    }
+    let payload: String = shown.json.unwrap_or_else(|| "null".into());
     let replay_txn = format!("dlq:{dlq_id}");
     let item = PushItem {
         queue: queue.as_str().into(),
@@ -324,7 +334,7 @@ const LIST_WHERE: &str = "FROM queen.segments s
 /// `GET /api/v1/messages`: newest first. `total` counts the stored messages
 /// matching every filter but `status`, which is derived per message; at most
 /// 10,000 messages are decoded per call.
-pub async fn list(pool: &Pool, f: &MessageFilter) -> Result<Value, DbError> {
+pub async fn list(pool: &Pool, ring: Option<&KeyRing>, f: &MessageFilter) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&f.queue, &f.partition, &f.namespace, &f.task, &f.from, &f.to];
     let total: i64 = client
@@ -375,18 +385,22 @@ pub async fn list(pool: &Pool, f: &MessageFilter) -> Result<Value, DbError> {
                     skipped += 1;
                     continue;
                 }
-                out.push(json!({
+                let shown = super::ShownPayload::of_frame(ring, fr);
+                let mut m = json!({
                     "id": fr.message_id.to_string(),
                     "transactionId": fr.transaction_id,
                     "partitionId": pid.to_string(),
                     "partition": r.get::<_, String>(1),
                     "queue": r.get::<_, String>(2),
-                    "data": raw_json(Some(String::from_utf8_lossy(fr.payload_json()).into_owned())),
+                    "data": raw_json(shown.json.clone()),
                     "traceId": fr.trace_id.map(|t| t.to_string()),
                     "producerSub": fr.producer_sub,
                     "createdAt": iso_ms(created),
                     "status": st,
-                }));
+                    "isEncrypted": fr.encrypted,
+                });
+                shown.note(&mut m);
+                out.push(m);
                 if out.len() >= f.limit {
                     break 'pages;
                 }

@@ -83,13 +83,18 @@ pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
             &[&s.queue, &s.namespace, &s.task],
         )
         .await?;
-    let dlq: i64 = client
+    // Evicted: dead letters the maxWaitTimeSeconds service wrote (still in
+    // the DLQ; a replayed or deleted one is no longer counted).
+    let d = client
         .query_one(
-            &format!("SELECT count(*)::bigint FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE {QUEUE_FILTER}"),
+            &format!(
+                "SELECT count(*)::bigint, count(*) FILTER (WHERE d.error_message = 'max_wait_time')::bigint
+                 FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE {QUEUE_FILTER}"
+            ),
             &[&s.queue, &s.namespace, &s.task],
         )
-        .await?
-        .get(0);
+        .await?;
+    let (dlq, evicted): (i64, i64) = (d.get(0), d.get(1));
     let t = traffic(&client, s).await?;
     let (pu, po, ac) = t.iter().fold((0, 0, 0), |a, r| (a.0 + r.1, a.1 + r.2, a.2 + r.3));
     Ok(json!({
@@ -99,6 +104,7 @@ pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
         "consumerGroups": g.get::<_, i64>(0), "leases": {"active": g.get::<_, i64>(1)},
         "maxLagSeconds": g.get::<_, f64>(2).round() as i64,
         "deadLetters": dlq,
+        "evicted": evicted,
         "throughput": throughput(pu, po, ac, s),
     }))
 }

@@ -34,7 +34,7 @@ fn queue_not_found() -> Response {
 
 pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let v = optional_json(&state, &headers, body).await?.unwrap_or(Value::Null);
-    let req = match configure::parse(&v, false) {
+    let req = match configure::parse(&v, state.coalescer.encryption().ring().is_some()) {
         Ok(r) => r,
         Err(refusal) => {
             let mut body = json!({"error": refusal.error});
@@ -53,6 +53,7 @@ pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: 
         &req.queue,
         crate::pop::settings::QueueTimings::from_columns(column("minPopWaitTime"), column("delayedProcessing"), column("windowBuffer")),
     );
+    state.coalescer.encryption().set(&req.queue, o["encryptionEnabled"].as_bool().unwrap_or(false));
     Ok(Json(answer).into_response())
 }
 
@@ -235,7 +236,7 @@ pub async fn status_queue(State(state): State<AppState>, Path(queue): Path<Strin
 pub async fn status_queue_messages(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let mut filter = super::messages::message_filter(&Params::parse(q)?)?;
     filter.queue = Some(queue);
-    Ok(Json(crate::admin::messages::list(&state.pool, &filter).await?).into_response())
+    Ok(Json(crate::admin::messages::list(&state.pool, state.coalescer.encryption().ring(), &filter).await?).into_response())
 }
 
 pub async fn analytics(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

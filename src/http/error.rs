@@ -26,6 +26,10 @@ pub enum ApiError {
     /// The database or the broker failed; the client may retry.
     #[error("{0}")]
     Internal(String),
+    /// An encrypted payload did not open (crypto::OpenError); 500 naming
+    /// the partition.
+    #[error("decrypt failed")]
+    Decrypt { partition_id: i64, detail: String },
 }
 
 impl ApiError {
@@ -36,7 +40,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Pool | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Pool | ApiError::Internal(_) | ApiError::Decrypt { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -66,6 +70,7 @@ impl From<crate::pop::PopError> for ApiError {
         match e {
             crate::pop::PopError::Pool => ApiError::Pool,
             crate::pop::PopError::Timeout => ApiError::Internal("pop failed".into()),
+            crate::pop::PopError::Decrypt(d) => ApiError::Decrypt { partition_id: d.partition_id, detail: d.to_string() },
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -76,6 +81,12 @@ impl IntoResponse for ApiError {
         if self.status().is_server_error() {
             tracing::warn!(error = %self, "request failed");
         }
-        (self.status(), Json(json!({ "error": self.to_string() }))).into_response()
+        let body = match &self {
+            ApiError::Decrypt { partition_id, detail } => {
+                json!({ "error": self.to_string(), "partitionId": partition_id.to_string(), "detail": detail })
+            }
+            _ => json!({ "error": self.to_string() }),
+        };
+        (self.status(), Json(body)).into_response()
     }
 }

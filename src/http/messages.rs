@@ -32,7 +32,7 @@ pub async fn list_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         limit: p.int("limit", 100, 1, 1000)?,
         offset: p.int("offset", 0, 0, i64::MAX)?,
     };
-    Ok(Json(dlq::list(&state.pool, &filter).await?).into_response())
+    Ok(Json(dlq::list(&state.pool, state.coalescer.encryption().ring(), &filter).await?).into_response())
 }
 
 /// The filters of a message listing, from the query string.
@@ -52,12 +52,12 @@ pub fn message_filter(p: &Params) -> Result<messages::MessageFilter, ApiError> {
 
 pub async fn list_messages(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let filter = message_filter(&Params::parse(q)?)?;
-    Ok(Json(messages::list(&state.pool, &filter).await?).into_response())
+    Ok(Json(messages::list(&state.pool, state.coalescer.encryption().ring(), &filter).await?).into_response())
 }
 
 pub async fn get_message(State(state): State<AppState>, Path((pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
     let Some(pid) = partition_id(&pid) else { return Ok(not_found()) };
-    match messages::detail(&state.pool, pid, &txn).await? {
+    match messages::detail(&state.pool, state.coalescer.encryption().ring(), pid, &txn).await? {
         Some(v) => Ok(Json(v).into_response()),
         None => Ok(not_found()),
     }

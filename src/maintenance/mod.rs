@@ -1,11 +1,12 @@
 //! Background services, one file each: retention, the dedup-window purge of
-//! the transaction index, empty-partition cleanup, the metrics sampler, and
+//! the transaction index, the `maxWaitTimeSeconds` eviction, empty-partition cleanup, the metrics sampler, and
 //! the planner statistics of the partition table, which grows in jumps. Each
 //! runs on its own cadence until the shutdown signal, does bounded work per
 //! tick, and treats a failed tick as a skipped one (the next tick retries).
 
 pub mod analyze;
 pub mod dedup_purge;
+pub mod eviction;
 pub mod index_entries;
 pub mod metrics_sampler;
 pub mod partition_cleanup;

@@ -66,6 +66,8 @@ pub enum PopError {
     Database(tokio_postgres::Error),
     #[error(transparent)]
     Corrupt(#[from] render::CorruptSegment),
+    #[error(transparent)]
+    Decrypt(#[from] render::DecryptFailed),
 }
 
 impl From<tokio_postgres::Error> for PopError {
@@ -89,6 +91,8 @@ pub struct PopService {
     /// Revisits of partitions a visibility option hides (`pop::wheel`).
     pub wheel: Arc<wheel::Wheel>,
     registry: Arc<crate::registry::AckRegistry>,
+    /// Opens encrypted payloads; with a key, framed pops answer JSON.
+    encryption: Arc<crate::crypto::Encryption>,
     telemetry: Arc<crate::metrics::Telemetry>,
     /// Claims running at once; the limit follows PostgreSQL's latency.
     permits: AdaptiveLimiter,
@@ -104,6 +108,7 @@ impl PopService {
         pool_size: usize,
         pool_wait: Duration,
         registry: Arc<crate::registry::AckRegistry>,
+        encryption: Arc<crate::crypto::Encryption>,
     ) -> Arc<PopService> {
         // At most three quarters of the pool (the rest is for pushes and
         // acks); where in between, PostgreSQL's latency decides.
@@ -122,6 +127,7 @@ impl PopService {
             settings: Arc::new(settings::QueueSettings::default()),
             wheel: Arc::new(wheel::Wheel::default()),
             registry,
+            encryption,
             telemetry: crate::metrics::Telemetry::global(),
             permits,
             maintenance: AtomicBool::new(false),
@@ -213,14 +219,24 @@ impl PopService {
             for h in &result.hidden {
                 self.wheel.deferred(&h.queue, h.partition_id, &h.partition, h.visible_at);
             }
-            if p.frames {
+            // A broker with an encryption key answers JSON even when frames
+            // are asked for: a stored frame may carry an envelope, which the
+            // client cannot open (API.md §3.4), and frames ship unopened.
+            let ring = self.encryption.ring();
+            if p.frames && ring.is_none() {
                 // Frames skip decoding entirely, so the ack registry has
                 // nothing to learn: acks resolve through the index.
                 if let Some(body) = render::render_frames(&result.claimed, top_queue, &lease_id, p) {
                     self.count_delivery(&result);
                     return Ok(Some((body, true)));
                 }
-            } else if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p)? {
+            } else if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p, ring).inspect_err(|e| {
+                if let PopError::Decrypt(d) = e {
+                    tracing::warn!(partition_id = d.partition_id, offset = d.offset, error = %d.error,
+                                   current_key = %ring.map(|r| r.current_id().to_string()).unwrap_or_else(|| "none".into()),
+                                   "pop: an encrypted payload did not open; answering 500, the lease will expire");
+                }
+            })? {
                 for b in rendered.batches {
                     self.registry.record(&lease_id, b.partition_id, b.queue, b.entries);
                 }
@@ -509,7 +525,7 @@ mod tests {
             deadpool_postgres::Manager::from_config(tokio_postgres::Config::new(), tokio_postgres::NoTls, Default::default());
         let pool = deadpool_postgres::Pool::builder(manager).max_size(2).build().unwrap();
         let registry = std::sync::Arc::new(crate::registry::AckRegistry::new(1 << 20));
-        let pops = super::PopService::new(pool, cfg.pop.clone(), 4, std::time::Duration::from_secs(1), registry);
+        let pops = super::PopService::new(pool, cfg.pop.clone(), 4, std::time::Duration::from_secs(1), registry, Default::default());
         let route = super::Route::Wildcard { queue: "q".into() };
         let params = super::params::PopParams::parse(&[], &cfg.pop).unwrap();
         let parked = pops.pop(&route, &params);

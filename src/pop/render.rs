@@ -20,6 +20,17 @@ pub struct CorruptSegment {
     pub detail: String,
 }
 
+/// An encrypted payload that did not open (a key this broker lacks, or a
+/// corrupt envelope): the pop answers 500 naming the partition, rather than
+/// delivering garbage; the lease is left to expire, so nothing is committed.
+#[derive(Debug, thiserror::Error)]
+#[error("decrypt failed: message at offset {offset} of partition {partition_id}: {error}")]
+pub struct DecryptFailed {
+    pub partition_id: i64,
+    pub offset: i64,
+    pub error: crate::crypto::OpenError,
+}
+
 /// Keys the answer carries besides the messages (the autopilot echo).
 fn own_keys(p: &PopParams) -> Option<String> {
     p.autopilot.then(|| format!("{{\"autopilot\":{{\"partitions\":{},\"batch\":{},\"waitMs\":0}}}}", p.partitions, p.batch))
@@ -70,13 +81,15 @@ pub struct LeasedBatch<'a> {
     pub entries: Vec<(String, i64)>,
 }
 
-/// Renders the 200 body; `None` when nothing was delivered.
+/// Renders the 200 body; `None` when nothing was delivered. Encrypted
+/// payloads are opened with `ring`.
 pub fn render<'a>(
     claimed: &'a [ClaimedPartition],
     top_queue: &str,
     lease_id: &str,
     p: &PopParams,
-) -> Result<Option<Rendered<'a>>, CorruptSegment> {
+    ring: Option<&crate::crypto::KeyRing>,
+) -> Result<Option<Rendered<'a>>, super::PopError> {
     let Some(first) = claimed.first() else { return Ok(None) };
     let mut batches = Vec::new();
     let mut out = Vec::with_capacity(1024);
@@ -124,7 +137,10 @@ pub fn render<'a>(
                     None => out.extend_from_slice(b",\"traceId\":null"),
                 }
                 out.extend_from_slice(b",\"data\":");
-                out.extend_from_slice(f.payload_json());
+                let offset = seg.base_offset + (seg.start_idx + taken) as i64;
+                let payload = crate::crypto::frame_payload(ring, &f)
+                    .map_err(|error| DecryptFailed { partition_id: c.partition_id, offset, error })?;
+                out.extend_from_slice(&payload);
                 out.extend_from_slice(b",\"producerSub\":");
                 match f.producer_sub {
                     Some(s) => json_str(&mut out, s),
@@ -133,12 +149,12 @@ pub fn render<'a>(
                 out.extend_from_slice(created.as_bytes());
                 out.extend_from_slice(&pid_and_rest);
                 if !lease_id.is_empty() {
-                    batch.push((f.transaction_id.to_string(), seg.base_offset + (seg.start_idx + taken) as i64));
+                    batch.push((f.transaction_id.to_string(), offset));
                 }
                 taken += 1;
             }
             if taken != seg.take {
-                return Err(corrupt(format!("holds fewer frames than the {} to deliver", seg.take)));
+                return Err(corrupt(format!("holds fewer frames than the {} to deliver", seg.take)).into());
             }
         }
         if !batch.is_empty() {

@@ -114,6 +114,9 @@ struct Inner {
     windows: Mutex<HashMap<String, i32>>,
     group: GroupCommitter,
     cfg: CoalesceConfig,
+    /// Which queues seal their payloads: every push path reaches the log
+    /// through this coalescer, so this is where it learns (`PushPlan`).
+    encryption: Arc<crate::crypto::Encryption>,
     flushers: AtomicUsize,
     idle: Notify,
 }
@@ -125,13 +128,14 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    pub fn new(pool: Pool, cfg: CoalesceConfig) -> Coalescer {
+    pub fn new(pool: Pool, cfg: CoalesceConfig, encryption: Arc<crate::crypto::Encryption>) -> Coalescer {
         Coalescer {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
                 windows: Mutex::new(HashMap::new()),
                 group: GroupCommitter::new(pool, cfg.group_writers),
                 cfg,
+                encryption,
                 flushers: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),
@@ -141,6 +145,11 @@ impl Coalescer {
     /// The configured bounds, so callers can chunk requests to fit.
     pub fn config(&self) -> &CoalesceConfig {
         &self.inner.cfg
+    }
+
+    /// The broker's encryption state (which queues seal their payloads).
+    pub fn encryption(&self) -> &Arc<crate::crypto::Encryption> {
+        &self.inner.encryption
     }
 
     /// Queues a chunk for (queue, partition) and returns where its outcome

@@ -49,6 +49,9 @@ pub struct PushPlan<'a> {
     pub followers: Vec<(usize, usize)>,
     /// The authenticated producer (the JWT `sub`), stamped on every frame.
     pub producer: Option<String>,
+    /// Each leader's payload envelope where its queue encrypts (empty when
+    /// no item's queue does).
+    pub sealed: Vec<Option<Vec<u8>>>,
 }
 
 /// The items of one partition that will be written.
@@ -60,7 +63,7 @@ pub struct PlanGroup {
 }
 
 impl<'a> PushPlan<'a> {
-    pub fn new(items: &'a [PushItem<'a>], producer: Option<&str>) -> PushPlan<'a> {
+    pub fn new(items: &'a [PushItem<'a>], producer: Option<&str>, encryption: &crate::crypto::Encryption) -> PushPlan<'a> {
         let message_ids: Vec<Uuid> = items.iter().map(|i| i.message_id.unwrap_or_else(Uuid::now_v7)).collect();
         let txns: Vec<Cow<'a, str>> = items
             .iter()
@@ -97,18 +100,34 @@ impl<'a> PushPlan<'a> {
                 }
             }
         }
-        PushPlan { message_ids, txns, hashes, groups, followers, producer: producer.map(str::to_string) }
+        let mut sealed = Vec::new();
+        for g in &groups {
+            let Some(ring) = encryption.sealing(&g.queue) else { continue };
+            sealed.resize(items.len(), None);
+            for &idx in &g.leaders {
+                // Bound to the message id: an envelope moved onto another
+                // message does not open.
+                sealed[idx] = Some(ring.seal(items[idx].payload.as_bytes(), message_ids[idx].as_bytes()));
+            }
+        }
+        PushPlan { message_ids, txns, hashes, groups, followers, producer: producer.map(str::to_string), sealed }
+    }
+
+    /// Whether any of the plan's payloads is sealed.
+    pub fn seals(&self) -> bool {
+        !self.sealed.is_empty()
     }
 
     /// The stored frame of item `idx`.
     pub fn frame<'b>(&'b self, items: &'b [PushItem<'_>], idx: usize) -> Frame<'b> {
+        let envelope = self.sealed.get(idx).and_then(Option::as_deref);
         Frame {
             message_id: self.message_ids[idx],
             trace_id: items[idx].trace_id,
             transaction_id: &self.txns[idx],
             producer_sub: self.producer.as_deref(),
-            encrypted: false,
-            payload: items[idx].payload.as_bytes(),
+            encrypted: envelope.is_some(),
+            payload: envelope.unwrap_or(items[idx].payload.as_bytes()),
         }
     }
 
@@ -183,7 +202,7 @@ pub async fn push_items_prepacked<'a>(
     prepacked: &[crate::log::binary::FramedGroup],
 ) -> Result<Vec<ItemResult<'a>>, Arc<PushError>> {
     let n = items.len();
-    let plan = PushPlan::new(items, producer);
+    let plan = PushPlan::new(items, producer, coalescer.encryption());
     let PushPlan { groups, hashes, message_ids, .. } = &plan;
 
     // Encode and submit every chunk before awaiting any.
@@ -191,7 +210,9 @@ pub async fn push_items_prepacked<'a>(
     let mut pending = Vec::new();
     for group in groups {
         let whole = |g: &&crate::log::binary::FramedGroup| group.leaders.iter().copied().eq(g.items.clone());
-        let mut blob = if producer.is_none() { prepacked.iter().find(whole).map(|g| g.blob.clone()) } else { None };
+        // The client's blob is stored as it came only when nothing is added
+        // to its frames: no producer stamp, no envelope.
+        let mut blob = if producer.is_none() && !plan.seals() { prepacked.iter().find(whole).map(|g| g.blob.clone()) } else { None };
         if blob.is_some() && fits_one_chunk(&plan, items, &group.leaders, &cfg) {
             // Stored as the client compressed it: no frames to encode (the
             // lane recovers them from the blob if a duplicate drops one).
@@ -308,7 +329,7 @@ mod tests {
             item("b", None, Some(client_id)),
             item("b", None, Some(client_id)), // the client's id twice: follows item 5
         ];
-        let plan = PushPlan::new(&items, None);
+        let plan = PushPlan::new(&items, None, &crate::crypto::Encryption::default());
         let leaders: Vec<(&str, Vec<usize>)> = plan.groups.iter().map(|g| (g.partition.as_str(), g.leaders.clone())).collect();
         assert_eq!(leaders, vec![("a", vec![0, 1, 4]), ("b", vec![2, 5])]);
         assert_eq!(plan.followers, vec![(3, 0), (6, 5)]);

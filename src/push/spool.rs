@@ -47,11 +47,27 @@ struct Line<'a> {
     transaction_id: String,
     #[serde(rename = "traceId", skip_serializing_if = "Option::is_none")]
     trace_id: Option<Uuid>,
-    #[serde(borrow)]
-    payload: &'a RawValue,
+    /// The payload, absent when `sealed` holds it.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a RawValue>,
+    /// The payload's envelope (base64) when its queue encrypts: the spool
+    /// never holds an encrypted queue's plaintext on disk. Bound to the
+    /// transactionId; the replay opens it and the push seals it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sealed: Option<String>,
     #[serde(rename = "producerSub", default, skip_serializing_if = "Option::is_none")]
     #[serde(borrow)]
     producer_sub: Option<Cow<'a, str>>,
+}
+
+/// The JSON text of a spooled envelope.
+fn open_spooled(ring: Option<&crate::crypto::KeyRing>, b64: &str, txn: &str) -> Result<String, SpoolError> {
+    use base64::Engine as _;
+    let env = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| SpoolError::Push(format!("sealed payload of {txn:?} is not base64: {e}")))?;
+    let plain = crate::crypto::open(ring, &env, txn.as_bytes()).map_err(|e| SpoolError::Push(format!("sealed payload of {txn:?}: {e}")))?;
+    String::from_utf8(plain).map_err(|_| SpoolError::Push(format!("sealed payload of {txn:?} is not UTF-8")))
 }
 
 /// The database a spool file's pushes belong to.
@@ -114,6 +130,8 @@ pub enum SpoolError {
 pub struct Spool {
     dir: PathBuf,
     owner: SpoolOwner,
+    /// Which queues' payloads are sealed before they touch the disk.
+    encryption: std::sync::Arc<crate::crypto::Encryption>,
     /// The file this broker appends to, locked while it is open.
     current: tokio::sync::Mutex<Option<(PathBuf, std::fs::File)>>,
     pending: AtomicBool,
@@ -128,11 +146,12 @@ pub struct Spool {
 impl Spool {
     /// Opens (creating) the spool directory of `owner`'s pushes; its files
     /// left by an earlier run are pending work.
-    pub fn open(dir: &Path, owner: SpoolOwner) -> Result<Spool, SpoolError> {
+    pub fn open(dir: &Path, owner: SpoolOwner, encryption: std::sync::Arc<crate::crypto::Encryption>) -> Result<Spool, SpoolError> {
         std::fs::create_dir_all(dir)?;
         let spool = Spool {
             dir: dir.to_path_buf(),
             owner,
+            encryption,
             current: tokio::sync::Mutex::new(None),
             pending: AtomicBool::new(false),
             replaying: tokio::sync::Mutex::new(()),
@@ -189,6 +208,7 @@ impl Spool {
     /// Appends a request's items as one line and fsyncs it. Items without a
     /// transactionId get one now. Returns the transactionIds, in item order.
     pub async fn append(&self, items: &[PushItem<'_>], producer: Option<&str>) -> Result<Vec<String>, SpoolError> {
+        use base64::Engine as _;
         let txns: Vec<String> =
             items.iter().map(|i| i.transaction_id.as_deref().map_or_else(|| Uuid::now_v7().to_string(), str::to_string)).collect();
         let mut line = Vec::new();
@@ -197,13 +217,17 @@ impl Spool {
             if n > 0 {
                 line.push(b',');
             }
-            let payload: &RawValue = serde_json::from_str(item.payload).map_err(|e| SpoolError::Push(e.to_string()))?;
+            let (payload, sealed) = match self.encryption.sealing(&item.queue) {
+                Some(ring) => (None, Some(base64::engine::general_purpose::STANDARD.encode(ring.seal(item.payload.as_bytes(), txn.as_bytes())))),
+                None => (Some(serde_json::from_str::<&RawValue>(item.payload).map_err(|e| SpoolError::Push(e.to_string()))?), None),
+            };
             let l = Line {
                 queue: Cow::Borrowed(&item.queue),
                 partition: Cow::Borrowed(&item.partition),
                 transaction_id: txn.clone(),
                 trace_id: item.trace_id,
                 payload,
+                sealed,
                 producer_sub: producer.map(Cow::Borrowed),
             };
             serde_json::to_writer(&mut line, &l).map_err(|e| SpoolError::Push(e.to_string()))?;
@@ -259,14 +283,21 @@ impl Spool {
                 }
                 // A torn last line (crash mid-append) was never answered: skip it.
                 let Ok(lines) = serde_json::from_str::<Vec<Line<'_>>>(&line) else { continue };
+                // Sealed payloads open first; one that does not (the key
+                // is gone) stops the replay: a spooled push is never dropped.
+                let opened: Vec<Option<String>> = lines
+                    .iter()
+                    .map(|l| l.sealed.as_deref().map(|b64| open_spooled(self.encryption.ring(), b64, &l.transaction_id)).transpose())
+                    .collect::<Result<_, _>>()?;
                 let items: Vec<PushItem<'_>> = lines
                     .iter()
-                    .map(|l| PushItem {
+                    .zip(&opened)
+                    .map(|(l, opened)| PushItem {
                         queue: Cow::Borrowed(&l.queue),
                         partition: Cow::Borrowed(&l.partition),
                         transaction_id: Some(l.transaction_id.as_str().into()),
                         trace_id: l.trace_id,
-                        payload: l.payload.get(),
+                        payload: opened.as_deref().or(l.payload.map(RawValue::get)).unwrap_or("null"),
                         message_id: None,
                     })
                     .collect();

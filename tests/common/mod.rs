@@ -146,6 +146,11 @@ impl Broker {
         Broker::spawn(self.db.clone(), vec![("QUEEN_DATABASE_URL".to_string(), cluster().url(&self.db))]).await
     }
 
+    /// The private spool directory the harness gave this broker, if any.
+    pub fn spool_dir(&self) -> Option<&Path> {
+        self.spool_dir.as_deref()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }

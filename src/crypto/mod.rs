@@ -1,0 +1,336 @@
+//! Encryption at rest (API.md §2.1, §3.2 flag 4): the AES-256-GCM envelope,
+//! the key ring that reads every key it was given and writes under one, and
+//! the set of queues whose payloads are sealed.
+//!
+//! An envelope is what a stored frame with flag 4 carries as its payload:
+//!
+//! ```text
+//! envelope := u8 version (1) | u8[4] key_id | u8[12] nonce | ciphertext | u8[16] tag
+//! ```
+//!
+//! The nonce is random per message (96 bits from the OS generator, so a key
+//! can seal far more messages than a queue will ever hold before a repeat is
+//! a concern). The associated data binds an envelope to where it belongs (the
+//! message id in a segment or a dead letter, the transactionId in the spool),
+//! so an envelope copied onto another message does not open. `key_id` is the
+//! key check value of the key (the first four bytes of AES-256 of a zero
+//! block, as banks label keys): it names the key without revealing it, so a
+//! reader picks the right key of its ring instead of trying each, and a
+//! reader without it says which one it lacks.
+//!
+//! Only the payload is sealed. The transactionId, ids and producer subject
+//! stay in the clear, because deduplication, acks and the routes that find a
+//! message by its transactionId need them, and PostgreSQL never looks inside
+//! a segment anyway.
+//!
+//! This module is pure apart from [`SealedQueues::refresh`]: the envelope
+//! and the ring know nothing of HTTP or PostgreSQL.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use aes_gcm::aes::cipher::BlockEncrypt;
+use aes_gcm::Aes256Gcm;
+
+/// The first byte of every envelope this broker writes.
+const VERSION: u8 = 1;
+const KEY_ID_LEN: usize = 4;
+const NONCE_LEN: usize = 12;
+const TAG_LEN: usize = 16;
+/// Bytes an envelope adds to the payload it seals.
+pub const OVERHEAD: usize = 1 + KEY_ID_LEN + NONCE_LEN + TAG_LEN;
+
+/// A key's short public name: its key check value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId(pub [u8; KEY_ID_LEN]);
+
+impl std::fmt::Display for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl KeyId {
+    /// The key check value of a 256-bit key.
+    pub fn of(key: &[u8; 32]) -> KeyId {
+        let aes = aes_gcm::aes::Aes256::new(key.into());
+        let mut block = [0u8; 16].into();
+        aes.encrypt_block(&mut block);
+        KeyId(block[..KEY_ID_LEN].try_into().expect("4 of 16 bytes"))
+    }
+}
+
+/// Why an envelope did not open. Never a panic, never garbage: the caller
+/// answers an error naming the message's partition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    #[error("envelope sealed under key {0}, which this broker does not have (QUEEN_ENCRYPTION_KEY / QUEEN_ENCRYPTION_KEYS)")]
+    UnknownKey(KeyId),
+    #[error("envelope under key {0} does not authenticate (corrupt, or not this message's)")]
+    Corrupt(KeyId),
+    #[error("envelope is malformed ({0})")]
+    Malformed(&'static str),
+    #[error("payload is encrypted and this broker has no encryption key")]
+    NoKey,
+}
+
+/// One key and its cipher.
+struct Key {
+    id: KeyId,
+    cipher: Aes256Gcm,
+}
+
+impl Key {
+    fn new(bytes: &[u8; 32]) -> Key {
+        Key { id: KeyId::of(bytes), cipher: Aes256Gcm::new(bytes.into()) }
+    }
+}
+
+/// The keys a broker holds: it seals under `current` and opens envelopes of
+/// any key it holds, so a rotation is: new key in `QUEEN_ENCRYPTION_KEY`, the
+/// old one moved to `QUEEN_ENCRYPTION_KEYS`, restart.
+pub struct KeyRing {
+    current: Key,
+    older: Vec<Key>,
+}
+
+impl KeyRing {
+    pub fn new(keys: &crate::config::EncryptionKeys) -> KeyRing {
+        KeyRing { current: Key::new(&keys.current), older: keys.older.iter().map(Key::new).collect() }
+    }
+
+    /// The id envelopes are sealed under now.
+    pub fn current_id(&self) -> KeyId {
+        self.current.id
+    }
+
+    /// Appends the envelope of `plaintext`, bound to `aad`, to `out`.
+    pub fn seal_into(&self, plaintext: &[u8], aad: &[u8], out: &mut Vec<u8>) {
+        let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
+        let sealed = self
+            .current
+            .cipher
+            .encrypt(&nonce, Payload { msg: plaintext, aad })
+            .expect("AES-GCM encryption of an in-memory buffer does not fail");
+        out.reserve(OVERHEAD + plaintext.len());
+        out.push(VERSION);
+        out.extend_from_slice(&self.current.id.0);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&sealed);
+    }
+
+    /// The envelope of `plaintext`, bound to `aad`.
+    pub fn seal(&self, plaintext: &[u8], aad: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.seal_into(plaintext, aad, &mut out);
+        out
+    }
+
+    /// The plaintext of an envelope bound to `aad`.
+    pub fn open(&self, envelope: &[u8], aad: &[u8]) -> Result<Vec<u8>, OpenError> {
+        if envelope.len() < OVERHEAD {
+            return Err(OpenError::Malformed("shorter than its header and tag"));
+        }
+        if envelope[0] != VERSION {
+            return Err(OpenError::Malformed("unknown version byte"));
+        }
+        let id = KeyId(envelope[1..1 + KEY_ID_LEN].try_into().expect("4 bytes"));
+        let key = std::iter::once(&self.current)
+            .chain(&self.older)
+            .find(|k| k.id == id)
+            .ok_or(OpenError::UnknownKey(id))?;
+        let nonce_end = 1 + KEY_ID_LEN + NONCE_LEN;
+        let nonce = aes_gcm::Nonce::from_slice(&envelope[1 + KEY_ID_LEN..nonce_end]);
+        key.cipher.decrypt(nonce, Payload { msg: &envelope[nonce_end..], aad }).map_err(|_| OpenError::Corrupt(id))
+    }
+}
+
+/// Opens with `ring`, which a broker without a key does not have.
+pub fn open(ring: Option<&KeyRing>, envelope: &[u8], aad: &[u8]) -> Result<Vec<u8>, OpenError> {
+    ring.ok_or(OpenError::NoKey)?.open(envelope, aad)
+}
+
+/// The JSON payload of a stored frame: as stored, or opened when the frame
+/// carries an envelope (bound to its message id). Every read path that
+/// shows a payload goes through here.
+pub fn frame_payload<'a>(ring: Option<&KeyRing>, frame: &crate::log::Frame<'a>) -> Result<std::borrow::Cow<'a, [u8]>, OpenError> {
+    if !frame.encrypted {
+        return Ok(std::borrow::Cow::Borrowed(frame.payload_json()));
+    }
+    let plain = open(ring, frame.payload, frame.message_id.as_bytes())?;
+    Ok(if plain.is_empty() { std::borrow::Cow::Borrowed(b"null") } else { std::borrow::Cow::Owned(plain) })
+}
+
+/// The broker's encryption state: the key ring (None without
+/// `QUEEN_ENCRYPTION_KEY`) and which queues seal their payloads.
+///
+/// The set is this broker's view of `queues.encryption_enabled`: a
+/// `/configure` here changes it at once, and it is reloaded every
+/// `QUEEN_CACHE_REFRESH_INTERVAL_MS` for changes made through other brokers
+/// (docs/DECISIONS.md "Encryption at rest"). Without a key the set stays
+/// empty and a push pays one atomic load.
+#[derive(Default)]
+pub struct Encryption {
+    ring: Option<KeyRing>,
+    any: AtomicBool,
+    queues: Mutex<HashSet<String>>,
+}
+
+impl Encryption {
+    pub fn new(keys: Option<&crate::config::EncryptionKeys>) -> Arc<Encryption> {
+        Arc::new(Encryption { ring: keys.map(KeyRing::new), ..Default::default() })
+    }
+
+    /// The key ring, when the broker has a key.
+    pub fn ring(&self) -> Option<&KeyRing> {
+        self.ring.as_ref()
+    }
+
+    /// The ring to seal `queue`'s payloads with, when that queue encrypts.
+    pub fn sealing(&self, queue: &str) -> Option<&KeyRing> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let ring = self.ring.as_ref()?;
+        self.queues.lock().expect("encryption lock poisoned").contains(queue).then_some(ring)
+    }
+
+    /// A configure on this broker: effective for the next push.
+    pub fn set(&self, queue: &str, on: bool) {
+        let mut set = self.queues.lock().expect("encryption lock poisoned");
+        if on {
+            set.insert(queue.to_string());
+        } else {
+            set.remove(queue);
+        }
+        self.any.store(!set.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Reloads the queues that encrypt (a broker without a key has nothing
+    /// to load: it refuses to turn encryption on, and cannot seal).
+    pub async fn refresh(&self, pool: &deadpool_postgres::Pool) -> Result<(), crate::db::DbError> {
+        if self.ring.is_none() {
+            return Ok(());
+        }
+        let client = pool.get().await?;
+        let rows = client.query("SELECT name FROM queen.queues WHERE encryption_enabled", &[]).await?;
+        let set: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        self.any.store(!set.is_empty(), Ordering::Relaxed);
+        *self.queues.lock().expect("encryption lock poisoned") = set;
+        Ok(())
+    }
+
+    /// Refreshes on a fixed cadence until shutdown.
+    pub fn spawn_refresh(self: &Arc<Self>, pool: deadpool_postgres::Pool, every: Duration, mut shutdown: tokio::sync::broadcast::Receiver<()>) {
+        if self.ring.is_none() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = me.refresh(&pool).await {
+                            tracing::debug!(error = %e, "encrypted-queue refresh failed; keeping the last set");
+                        }
+                    }
+                    _ = shutdown.recv() => return,
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EncryptionKeys;
+
+    fn ring(current: u8, older: &[u8]) -> KeyRing {
+        KeyRing::new(&EncryptionKeys { current: [current; 32], older: older.iter().map(|b| [*b; 32]).collect() })
+    }
+
+    #[test]
+    fn an_envelope_opens_to_its_plaintext_and_hides_it() {
+        let r = ring(1, &[]);
+        let env = r.seal(br#"{"card":"4111-1111"}"#, b"id-1");
+        assert_eq!(env.len(), OVERHEAD + 20);
+        assert_eq!(env[0], VERSION);
+        assert_eq!(&env[1..5], &r.current_id().0);
+        assert!(!env.windows(4).any(|w| w == b"4111"), "no plaintext in the envelope");
+        assert_eq!(r.open(&env, b"id-1").unwrap(), br#"{"card":"4111-1111"}"#);
+    }
+
+    #[test]
+    fn the_same_payload_seals_differently_each_time() {
+        let r = ring(1, &[]);
+        assert_ne!(r.seal(b"same", b""), r.seal(b"same", b""), "a fresh nonce per message");
+    }
+
+    #[test]
+    fn an_envelope_does_not_open_on_another_message() {
+        let r = ring(1, &[]);
+        let env = r.seal(b"x", b"id-1");
+        assert_eq!(r.open(&env, b"id-2"), Err(OpenError::Corrupt(r.current_id())));
+    }
+
+    #[test]
+    fn an_older_key_still_opens_what_it_sealed() {
+        let old = ring(1, &[]);
+        let env = old.seal(b"before the rotation", b"m");
+        let rotated = ring(2, &[1]);
+        assert_eq!(rotated.open(&env, b"m").unwrap(), b"before the rotation");
+        assert_ne!(rotated.seal(b"after", b"m")[1..5], env[1..5], "new envelopes name the new key");
+    }
+
+    #[test]
+    fn a_missing_key_is_named_and_a_flipped_bit_is_caught() {
+        let env = ring(1, &[]).seal(b"secret", b"m");
+        let other = ring(2, &[]);
+        assert_eq!(other.open(&env, b"m"), Err(OpenError::UnknownKey(KeyId::of(&[1; 32]))));
+        let r = ring(1, &[]);
+        for i in 0..env.len() {
+            let mut bad = env.clone();
+            bad[i] ^= 0x40;
+            assert!(r.open(&bad, b"m").is_err(), "bit flipped at byte {i} went unnoticed");
+        }
+        assert!(matches!(r.open(&env[..10], b"m"), Err(OpenError::Malformed(_))));
+        assert_eq!(open(None, &env, b"m"), Err(OpenError::NoKey));
+    }
+
+    #[test]
+    fn the_key_id_is_the_published_check_value() {
+        // FIPS-197 appendix C.3: AES-256 with key 00..1f encrypts the block
+        // 00112233..ff to 8ea2b7ca...; the check value is of a zero block,
+        // so compare against a direct computation on a known key instead.
+        let key: [u8; 32] = core::array::from_fn(|i| i as u8);
+        let aes = aes_gcm::aes::Aes256::new((&key).into());
+        let mut block: aes_gcm::aes::Block = core::array::from_fn::<u8, 16, _>(|i| (i as u8) * 0x11).into();
+        aes.encrypt_block(&mut block);
+        assert_eq!(&block[..4], &[0x8e, 0xa2, 0xb7, 0xca]);
+        assert_ne!(KeyId::of(&key), KeyId::of(&[0; 32]));
+    }
+
+    #[test]
+    fn only_configured_queues_seal_and_only_with_a_key() {
+        let keys = EncryptionKeys { current: [9; 32], older: vec![] };
+        let e = Encryption::new(Some(&keys));
+        assert!(e.sealing("q").is_none());
+        e.set("q", true);
+        assert!(e.sealing("q").is_some());
+        assert!(e.sealing("other").is_none());
+        e.set("q", false);
+        assert!(e.sealing("q").is_none());
+        let keyless = Encryption::new(None);
+        keyless.set("q", true);
+        assert!(keyless.sealing("q").is_none());
+    }
+}
