@@ -285,3 +285,19 @@ async fn turning_encryption_off_keeps_old_envelopes_readable_and_writes_plain() 
     assert_eq!(flags, vec![true, false]);
     assert_eq!(b.pop("/api/v1/pop/queue/toggle?batch=5").await.data(), vec![payload(1), payload(2)]);
 }
+
+#[tokio::test]
+async fn an_auto_ack_pop_that_cannot_open_its_payload_puts_the_cursor_back() {
+    let mut a = with_key(&[]).await;
+    encrypt(&a, "auto", json!({})).await;
+    a.push_to("auto", "p", &[payload(1), payload(2)]).await;
+    a.kill();
+    let wrong = on_db(&a.db, &[("QUEEN_ENCRYPTION_KEY", KEY_B)]).await;
+    let r = wrong.http.get(format!("{}/api/v1/pop/queue/auto?consumerGroup=g&batch=5&autoAck=true", wrong.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 500);
+    let pid: String = wrong.sql().await.query_one("SELECT id::text FROM queen.partitions", &[]).await.unwrap().get(0);
+    assert_eq!(wrong.cursor(&pid, "g").await.0, -1, "the claim's commit was undone");
+    let right = on_db(&a.db, &[("QUEEN_ENCRYPTION_KEY", KEY_A)]).await;
+    assert_eq!(right.pop("/api/v1/pop/queue/auto?consumerGroup=g&batch=5&autoAck=true").await.data(), vec![payload(1), payload(2)]);
+    assert_eq!(right.cursor(&pid, "g").await.0, 1);
+}

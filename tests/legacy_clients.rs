@@ -47,3 +47,41 @@ async fn the_server_default_takes_the_same_spellings() {
     b.push_to("legacy", "p", &[json!("skipped")]).await;
     assert_eq!(b.pop("/api/v1/pop/queue/legacy?consumerGroup=g").await.status, 204);
 }
+
+/// The older clients' snake_case spellings, on every route that reads a
+/// camelCase field (docs/DECISIONS.md "Every spelling a client sends"):
+/// push `transaction_id`, pop `consumer_group`/`auto_ack`/`lease_seconds`,
+/// ack `transaction_id`/`partition_id`/`lease_id`/`consumer_group`, configure
+/// options, and transactions.
+#[tokio::test]
+async fn snake_case_spellings_are_read_wherever_camel_case_is() {
+    let b = Broker::start().await;
+    let (status, conf) = b.post("/api/v1/configure", json!({"queue": "snake", "options": {"lease_time": 45, "retry_limit": 7}})).await;
+    assert_eq!(status, 200);
+    assert_eq!((conf["options"]["leaseTime"].clone(), conf["options"]["retryLimit"].clone()), (json!(45), json!(7)));
+    let (_, pushed) = b
+        .post("/api/v1/push", json!({"items": [{"queue": "snake", "partition": "p", "transaction_id": "s-1", "payload": 1},
+                                               {"queue": "snake", "partition": "p", "transaction_id": "s-2", "payload": 2}]}))
+        .await;
+    assert_eq!(pushed[0]["transactionId"], "s-1");
+    let r = b.pop("/api/v1/pop/queue/snake?consumer_group=old&batch=1&lease_seconds=30").await;
+    assert_eq!(r.messages()[0]["transactionId"], "s-1");
+    assert_eq!(r.body.as_ref().unwrap()["consumerGroup"], "old");
+    let pid = r.messages()[0]["partitionId"].as_str().unwrap().to_string();
+    let lease = r.body.as_ref().unwrap()["leaseId"].as_str().unwrap().to_string();
+    let (status, acked) = b
+        .post("/api/v1/ack", json!({"transaction_id": "s-1", "partition_id": pid, "lease_id": lease, "status": "completed", "consumer_group": "old"}))
+        .await;
+    assert_eq!((status, acked[0]["success"].clone()), (200, json!(true)), "{acked}");
+    assert_eq!(b.cursor(&pid, "old").await.0, 0, "the snake_case ack committed old's cursor");
+    let r = b.pop("/api/v1/pop/queue/snake?consumer_group=old&batch=1").await;
+    let lease = r.body.as_ref().unwrap()["leaseId"].as_str().unwrap().to_string();
+    let (_, txn) = b
+        .post("/api/v1/transaction", json!({"operations": [{"type": "ack", "transaction_id": "s-2", "partition_id": pid, "consumer_group": "old", "lease_id": lease, "status": "completed"}],
+                                            "required_leases": [lease]}))
+        .await;
+    assert_eq!(txn["success"], true, "{txn}");
+    assert_eq!(b.cursor(&pid, "old").await.0, 1);
+    let auto = b.pop("/api/v1/pop/queue/snake?consumer_group=other&auto_ack=true&batch=5").await;
+    assert_eq!(auto.body.as_ref().unwrap()["leaseId"], "", "auto_ack is autoAck");
+}

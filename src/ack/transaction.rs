@@ -47,7 +47,7 @@ impl From<tokio_postgres::Error> for TxnError {
 struct Body<'a> {
     #[serde(borrow)]
     operations: Option<Vec<&'a RawValue>>,
-    #[serde(rename = "requiredLeases", default)]
+    #[serde(rename = "requiredLeases", alias = "required_leases", default)]
     required_leases: Option<Vec<String>>,
     #[serde(borrow)]
     kv: Option<&'a RawValue>,
@@ -89,20 +89,22 @@ fn parse_ops<'a>(ops: &[&'a RawValue]) -> Result<Vec<Op<'a>>, TxnError> {
                 },
                 Some("ack") => {
                     let v: Value = serde_json::from_str(raw.get()).map_err(|e| bad(i, e.to_string()))?;
-                    let field = |k: &str| {
-                        v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string)
+                    // camelCase, or the older clients' snake_case (camelCase wins).
+                    let get = |k: &str, snake: &str| v.get(k).filter(|x| !x.is_null()).or_else(|| v.get(snake));
+                    let field = |k: &str, snake: &str| {
+                        get(k, snake).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string)
                             .ok_or_else(|| bad(i, format!("{k}: required, a non-empty string")))
                     };
-                    let lease = v.get("leaseId").and_then(Value::as_str).filter(|l| !l.is_empty()).map(str::to_string);
+                    let lease = get("leaseId", "lease_id").and_then(Value::as_str).filter(|l| !l.is_empty()).map(str::to_string);
                     let own_lease = lease.is_some();
                     Ok(Op::Ack(
                         AckItem {
-                            transaction_id: field("transactionId")?,
-                            partition_id: field("partitionId")?,
+                            transaction_id: field("transactionId", "transaction_id")?,
+                            partition_id: field("partitionId", "partition_id")?,
                             status: AckStatus::normalize(v.get("status").and_then(Value::as_str)),
                             error: v.get("error").and_then(Value::as_str).map(str::to_string),
                             lease_id: lease,
-                            group: v.get("consumerGroup").and_then(Value::as_str).filter(|g| !g.is_empty()).unwrap_or(QUEUE_MODE).to_string(),
+                            group: get("consumerGroup", "consumer_group").and_then(Value::as_str).filter(|g| !g.is_empty()).unwrap_or(QUEUE_MODE).to_string(),
                         },
                         own_lease,
                     ))

@@ -151,7 +151,8 @@ pub fn parse(body: &Value, encryption_available: bool) -> Result<Request, Refusa
     }
     let mut settings = Vec::new();
     for (name, column, kind) in OPTIONS {
-        if let Some(v) = options.get(*name) {
+        // The snake_case spelling (the column's name) is read too; camelCase wins.
+        if let Some(v) = options.get(*name).or_else(|| options.get(*column)) {
             let s = parse_value(name, *kind, v)?;
             if *name == "encryptionEnabled" && s == Setting::Bool(true) && !encryption_available {
                 return Err(Refusal::option(name, "cannot be enabled: this broker has no QUEEN_ENCRYPTION_KEY"));

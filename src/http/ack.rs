@@ -93,17 +93,17 @@ impl Field<'_> {
 /// The fields of one acknowledgement (null reads as absent; others are ignored).
 #[derive(Deserialize)]
 struct AckFields<'a> {
-    #[serde(rename = "transactionId", borrow)]
+    #[serde(rename = "transactionId", alias = "transaction_id", borrow)]
     transaction_id: Option<Field<'a>>,
-    #[serde(rename = "partitionId", borrow)]
+    #[serde(rename = "partitionId", alias = "partition_id", borrow)]
     partition_id: Option<Field<'a>>,
     #[serde(borrow)]
     status: Option<Field<'a>>,
     #[serde(borrow)]
     error: Option<Field<'a>>,
-    #[serde(rename = "leaseId", borrow)]
+    #[serde(rename = "leaseId", alias = "lease_id", borrow)]
     lease_id: Option<Field<'a>>,
-    #[serde(rename = "consumerGroup", borrow)]
+    #[serde(rename = "consumerGroup", alias = "consumer_group", borrow)]
     consumer_group: Option<Field<'a>>,
 }
 
@@ -115,7 +115,7 @@ struct AckFields<'a> {
 struct ItemsBatch<'a> {
     #[serde(borrow)]
     acknowledgments: Vec<ObjectOnly<AckFields<'a>>>,
-    #[serde(rename = "consumerGroup", borrow)]
+    #[serde(rename = "consumerGroup", alias = "consumer_group", borrow)]
     consumer_group: Option<Field<'a>>,
 }
 
@@ -125,7 +125,7 @@ struct ItemsBatch<'a> {
 struct BatchBody<'a> {
     #[serde(borrow)]
     acknowledgments: Option<&'a RawValue>,
-    #[serde(rename = "consumerGroup", borrow)]
+    #[serde(rename = "consumerGroup", alias = "consumer_group", borrow)]
     consumer_group: Option<Field<'a>>,
 }
 

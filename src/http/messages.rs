@@ -25,7 +25,7 @@ pub async fn list_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
     let p = Params::parse(q)?;
     let filter = dlq::DlqFilter {
         queue: p.text("queue").ok_or_else(|| ApiError::BadRequest("queue: required".into()))?,
-        group: p.text("consumerGroup"),
+        group: p.text("consumerGroup").or_else(|| p.text("consumer_group")),
         partition: p.text("partition"),
         from: p.time("from")?,
         to: p.time("to")?,

@@ -230,13 +230,21 @@ impl PopService {
                     self.count_delivery(&result);
                     return Ok(Some((body, true)));
                 }
-            } else if let Some(rendered) = render::render(&result.claimed, top_queue, &lease_id, p, ring).inspect_err(|e| {
-                if let PopError::Decrypt(d) = e {
-                    tracing::warn!(partition_id = d.partition_id, offset = d.offset, error = %d.error,
-                                   current_key = %ring.map(|r| r.current_id().to_string()).unwrap_or_else(|| "none".into()),
-                                   "pop: an encrypted payload did not open; answering 500, the lease will expire");
+            } else if let Some(rendered) = match render::render(&result.claimed, top_queue, &lease_id, p, ring) {
+                Ok(r) => r,
+                Err(e) => {
+                    if let PopError::Decrypt(d) = &e {
+                        tracing::warn!(partition_id = d.partition_id, offset = d.offset, error = %d.error,
+                                       current_key = %ring.map(|r| r.current_id().to_string()).unwrap_or_else(|| "none".into()),
+                                       "pop: an encrypted payload did not open; answering 500, nothing is committed");
+                    }
+                    if p.auto_ack {
+                        // Boxed, like the claim: a parked pop should not carry it.
+                        Box::pin(self.undo_auto_ack(&result.claimed, &p.group)).await;
+                    }
+                    return Err(e);
                 }
-            })? {
+            } {
                 for b in rendered.batches {
                     self.registry.record(&lease_id, b.partition_id, b.queue, b.entries);
                 }
@@ -265,6 +273,36 @@ impl PopService {
                 _ = tokio::time::sleep(pause) => attempt += 1,
                 _ = closing.changed() => return Ok(None),
             }
+        }
+    }
+
+    /// An autoAck claim commits its cursors in PostgreSQL before the broker
+    /// opens a segment; when the answer then fails (an envelope that does not
+    /// open, a corrupt segment), nothing reached the client, so each cursor
+    /// is put back where it was. Only if it still stands where the claim
+    /// left it: a later pop of the same group that moved it on keeps its
+    /// move, and those messages are gone for the group as with any autoAck.
+    /// A leased claim needs none of this: its lease lapses.
+    async fn undo_auto_ack(&self, claimed: &[claim::ClaimedPartition], group: &str) {
+        let pids: Vec<i64> = claimed.iter().map(|c| c.partition_id).collect();
+        let firsts: Vec<i64> = claimed.iter().map(|c| c.first).collect();
+        let lasts: Vec<i64> = claimed.iter().map(|c| c.last).collect();
+        let undo = async {
+            let client = self.pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .execute(
+                    "UPDATE queen.consumers c
+                     SET committed = u.first - 1, total_consumed = c.total_consumed - (u.last - u.first + 1)
+                     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS u (pid, first, last)
+                     WHERE c.partition_id = u.pid AND c.consumer_group = $4 AND c.committed = u.last",
+                    &[&pids, &firsts, &lasts, &group],
+                )
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match undo.await {
+            Ok(n) => tracing::warn!(group, partitions = n, "autoAck pop failed after its claim; its cursors are put back"),
+            Err(e) => tracing::error!(group, error = %e, "autoAck pop failed after its claim and its cursors could not be put back"),
         }
     }
 

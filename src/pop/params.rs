@@ -50,10 +50,25 @@ pub struct PopParams {
     pub async_commit: bool,
 }
 
+/// The older clients' snake_case spellings of the pop's camelCase query
+/// parameters (docs/DECISIONS.md "Every spelling a client sends"): the
+/// camelCase one wins when a request carries both.
+pub const QUERY_SPELLINGS: &[(&str, &str)] = &[
+    ("consumerGroup", "consumer_group"),
+    ("autoAck", "auto_ack"),
+    ("subscriptionMode", "subscription_mode"),
+    ("subscriptionFrom", "subscription_from"),
+    ("leaseSeconds", "lease_seconds"),
+];
+
 impl PopParams {
     /// Parses form-decoded query pairs.
     pub fn parse(pairs: &[(String, String)], cfg: &PopConfig) -> Result<PopParams, String> {
-        let get = |k: &str| pairs.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.trim());
+        let get = |k: &str| {
+            let alias = QUERY_SPELLINGS.iter().find(|(camel, _)| *camel == k).map(|(_, snake)| *snake);
+            let value = |name: &str| pairs.iter().rev().find(|(key, _)| key == name).map(|(_, v)| v.trim());
+            value(k).or_else(|| alias.and_then(value))
+        };
         let int = |k: &str| -> Result<Option<i64>, String> {
             match get(k) {
                 None | Some("") => Ok(None),
@@ -222,6 +237,9 @@ mod tests {
         let p = parse("consumerGroup=g&subscriptionFrom=yesterday-ish").unwrap();
         assert_eq!((p.intent_mode, p.intent_from), (None, None));
         assert_eq!(parse("consumerGroup=g&subscriptionMode=new-only").unwrap().intent_mode, Some("new"));
+        let snake = parse("consumer_group=g&auto_ack=true&subscription_mode=new&lease_seconds=9").unwrap();
+        assert_eq!((snake.group.as_str(), snake.auto_ack, snake.intent_mode, snake.lease_seconds), ("g", true, Some("new"), Some(9)));
+        assert_eq!(parse("consumer_group=old&consumerGroup=new").unwrap().group, "new", "camelCase wins");
     }
 
     #[test]

@@ -61,9 +61,9 @@ struct RawItem<'a> {
     queue: Option<&'a RawValue>,
     #[serde(borrow)]
     partition: Option<&'a RawValue>,
-    #[serde(borrow, rename = "transactionId")]
+    #[serde(borrow, rename = "transactionId", alias = "transaction_id")]
     transaction_id: Option<&'a RawValue>,
-    #[serde(borrow, rename = "traceId")]
+    #[serde(borrow, rename = "traceId", alias = "trace_id")]
     trace_id: Option<&'a RawValue>,
     #[serde(borrow)]
     payload: Option<&'a RawValue>,

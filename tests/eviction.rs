@@ -1,0 +1,90 @@
+//! `maxWaitTimeSeconds` (issue 27): a message that waited past its queue's
+//! limit without being consumed by a group is dead-lettered for that group
+//! with the reason `max_wait_time`, and the group's cursor moves past it;
+//! never past a live lease.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, Broker};
+use serde_json::{json, Value};
+
+async fn evicting_broker() -> Broker {
+    Broker::start_with(&[("EVICTION_INTERVAL", "200")]).await
+}
+
+async fn dead_letters(b: &Broker, group: &str) -> Vec<(i64, String, String)> {
+    b.sql()
+        .await
+        .query(
+            "SELECT msg_offset, transaction_id, error_message FROM queen.dead_letters WHERE consumer_group = $1 ORDER BY msg_offset",
+            &[&group],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+#[tokio::test]
+async fn messages_waiting_past_the_limit_go_to_the_dlq_and_the_cursor_moves_past_them() {
+    let b = evicting_broker().await;
+    let (status, body) = b.post("/api/v1/configure", json!({"queue": "stale", "options": {"maxWaitTimeSeconds": 1}})).await;
+    assert_eq!((status, body["options"]["maxWaitTimeSeconds"].clone()), (200, json!(1)));
+    let items: Vec<Value> = (0..3).map(|i| json!({"queue": "stale", "partition": "p", "transactionId": format!("t{i}"), "payload": i})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({"items": items})).await.0, 201);
+    // The group consumes the first message at once; the other two wait.
+    let first = b.pop("/api/v1/pop/queue/stale?consumerGroup=g&batch=1&autoAck=true").await;
+    assert_eq!(first.data(), vec![json!(0)]);
+
+    eventually("the two waiting messages to be evicted", Duration::from_secs(10), || async {
+        dead_letters(&b, "g").await.len() == 2
+    })
+    .await;
+    assert_eq!(
+        dead_letters(&b, "g").await,
+        vec![(1, "t1".into(), "max_wait_time".into()), (2, "t2".into(), "max_wait_time".into())]
+    );
+    let pid = first.messages()[0]["partitionId"].as_str().unwrap().to_string();
+    assert_eq!(b.cursor(&pid, "g").await.0, 2, "the cursor moved past them");
+    assert_eq!(b.pop("/api/v1/pop/queue/stale?consumerGroup=g&batch=10").await.status, 204);
+    let (_, dlq) = b.get("/api/v1/dlq?queue=stale&consumerGroup=g").await;
+    assert_eq!(dlq["total"], 2);
+    assert_eq!(dlq["messages"][0]["errorMessage"], "max_wait_time");
+    assert_eq!(dlq["messages"][0]["data"], 2, "the snapshot keeps the payload");
+    let (_, status) = b.get("/api/v1/status?queue=stale").await;
+    assert_eq!(status["evicted"], 2, "{status}");
+
+    // A fresh message is not evicted before its time.
+    b.push_to("stale", "p", &[json!("fresh")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/stale?consumerGroup=g&batch=10&autoAck=true").await.data(), vec![json!("fresh")]);
+}
+
+#[tokio::test]
+async fn eviction_never_passes_a_live_lease_and_leaves_other_groups_and_queues_alone() {
+    let b = evicting_broker().await;
+    b.post("/api/v1/configure", json!({"queue": "held", "options": {"maxWaitTimeSeconds": 1}})).await;
+    b.push_to("held", "p", &[json!(0), json!(1)]).await;
+    b.push_to("no-limit", "p", &[json!(0)]).await;
+    // g holds a long lease on both messages; h reads and acks one; plain reads no-limit.
+    let leased = b.pop("/api/v1/pop/queue/held?consumerGroup=g&batch=10&leaseSeconds=60").await;
+    assert_eq!(leased.data(), vec![json!(0), json!(1)]);
+    let h = b.pop("/api/v1/pop/queue/held?consumerGroup=h&batch=1&autoAck=true").await;
+    assert_eq!(h.data(), vec![json!(0)]);
+    assert_eq!(b.pop("/api/v1/pop/queue/no-limit?consumerGroup=plain&batch=1&leaseSeconds=1").await.status, 200);
+
+    eventually("h's waiting message to be evicted", Duration::from_secs(10), || async { dead_letters(&b, "h").await.len() == 1 }).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // several more passes
+    assert!(dead_letters(&b, "g").await.is_empty(), "a live lease is never passed");
+    assert!(dead_letters(&b, "plain").await.is_empty(), "a queue without a limit keeps everything");
+    let pid = leased.messages()[0]["partitionId"].as_str().unwrap().to_string();
+    let lease = leased.body.as_ref().unwrap()["leaseId"].as_str().unwrap().to_string();
+    assert_eq!(b.cursor(&pid, "g").await, (-1, Some(lease.clone()), 0));
+    // The lease holder's ack still commits normally.
+    let last = leased.messages()[1]["transactionId"].as_str().unwrap().to_string();
+    let acks = b.ack_batch(Some("g"), &[(&last, &pid, "completed", Some(&lease))]).await;
+    assert_eq!(acks[0]["success"], true, "{acks:?}");
+    assert_eq!(b.cursor(&pid, "g").await.0, 1);
+}
