@@ -144,8 +144,18 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     if config.pop.hotlist {
         pop.spawn_reseeder(stop_services.subscribe());
     }
-    pop.settings.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
-    encryption.spawn_refresh(store.pool.clone(), config.queue_cache_refresh, stop_services.subscribe());
+    // Per-queue settings cached in the broker, reloaded for changes made
+    // through other brokers.
+    let (p, settings) = (store.pool.clone(), pop.settings.clone());
+    crate::maintenance::spawn_service("queue_settings", config.queue_cache_refresh, stop_services.subscribe(), move || {
+        let (p, settings) = (p.clone(), settings.clone());
+        async move { settings.refresh(&p).await.map(|()| false) }
+    });
+    let (p, sealing) = (store.pool.clone(), encryption.clone());
+    crate::maintenance::spawn_service("encrypted_queues", config.queue_cache_refresh, stop_services.subscribe(), move || {
+        let (p, sealing) = (p.clone(), sealing.clone());
+        async move { sealing.refresh(&p).await.map(|()| false) }
+    });
     spawn_maintenance(&config, &store.pool, &stop_services);
     spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());
     let spool = match crate::push::spool::SpoolOwner::of(&store.pool)

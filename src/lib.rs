@@ -4,7 +4,8 @@
 //! surface; `push` the write path, `pop` the claim path and `ack` the commit
 //! path, with `registry` the leased batches those two share; `admin` and
 //! `maintenance` the operator routes and the background services; `log` the
-//! pure byte formats; `db` the pool, claim permits and migrations;
+//! pure byte formats; `crypto` the envelope of encrypted payloads and the
+//! key ring; `db` the pool, claim permits and migrations;
 //! `embedded_pg` the private cluster used when no database is configured,
 //! `config` every setting, and `app` boot and shutdown; `json` holds what the
 //! body readers share.

@@ -34,7 +34,7 @@ pub const GROUP_SEGMENTS: &str = "queen_push_group_segments";
 pub const PUSH_STAGE: &str = "queen_push_stage_seconds";
 /// Ack groups (one partition, group and lease of a request) by how they were
 /// applied: `bulk` (the plain groups of a multi-partition batch, one
-/// statement) or `each` (one `ack_v1` call).
+/// statement) or `each` (one `ack_v2` call).
 pub const ACK_GROUPS: &str = "queen_ack_groups_total";
 pub const POOL_CONNECTIONS: &str = "queen_db_pool_connections";
 pub const POOL_WAITING: &str = "queen_db_pool_waiting";

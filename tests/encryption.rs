@@ -84,7 +84,7 @@ fn key_id(hex: &str) -> Vec<u8> {
 #[tokio::test]
 async fn an_encrypted_queue_stores_no_plaintext_and_every_read_path_opens_it() {
     let b = with_key(&[]).await;
-    encrypt(&b, "vault", json!({})).await;
+    encrypt(&b, "vault", json!({"namespace": "vault"})).await;
     b.push_to("vault", "p1", &[payload(0), payload(1), payload(2)]).await;
 
     // PostgreSQL: flag 4 on every frame, the envelope names key A, no plaintext.
@@ -109,6 +109,9 @@ async fn an_encrypted_queue_stores_no_plaintext_and_every_read_path_opens_it() {
     let popped = b.pop("/api/v1/pop/queue/vault?consumerGroup=g&batch=2").await;
     assert_eq!(popped.status, 200);
     assert_eq!(popped.data(), vec![payload(0), payload(1)]);
+    // The partition route and the discovery route open them too.
+    assert_eq!(b.pop("/api/v1/pop/queue/vault/partition/p1?consumerGroup=s&batch=1").await.data(), vec![payload(0)]);
+    assert_eq!(b.pop("/api/v1/pop?namespace=vault&consumerGroup=d&batch=1").await.data(), vec![payload(0)]);
     // A framed pop answers JSON on a broker with a key (API.md §3.4).
     let r = b.http.get(format!("{}/api/v1/pop/queue/vault?consumerGroup=f&batch=3&frames=true", b.url)).send().await.unwrap();
     assert_eq!(r.headers()["content-type"], "application/json");
@@ -300,4 +303,23 @@ async fn an_auto_ack_pop_that_cannot_open_its_payload_puts_the_cursor_back() {
     let right = on_db(&a.db, &[("QUEEN_ENCRYPTION_KEY", KEY_A)]).await;
     assert_eq!(right.pop("/api/v1/pop/queue/auto?consumerGroup=g&batch=5&autoAck=true").await.data(), vec![payload(1), payload(2)]);
     assert_eq!(right.cursor(&pid, "g").await.0, 1);
+}
+
+#[tokio::test]
+async fn a_pre_compressed_binary_push_is_sealed_and_deduplication_still_sees_the_transaction_id() {
+    let b = with_key(&[]).await;
+    encrypt(&b, "bin-vault", json!({})).await;
+    let plain = payload(3).to_string();
+    let (body, _, ids) = common::flag8_body("bin-vault", "p", &[("b1", &plain)], 3);
+    let (status, answer) = b.post_raw("/api/v1/push", "application/octet-stream", body).await;
+    assert_eq!((status, answer[0]["status"].clone()), (201, json!("queued")), "{answer}");
+    let frames = stored_frames(&b, "bin-vault").await;
+    assert_eq!(frames.len(), 1);
+    assert!(frames[0].0, "re-framed and sealed, not stored as the client packed it");
+    assert_eq!(frames[0].2, ids[0], "the client's message id is kept");
+    // The transactionId stays clear: a repeat is a duplicate naming the original.
+    let (_, again) = b.post("/api/v1/push", json!({"items": [{"queue": "bin-vault", "partition": "p", "transactionId": "b1", "payload": 9}]})).await;
+    assert_eq!(again[0]["status"], "duplicate");
+    assert_eq!(again[0]["message_id"], ids[0].to_string());
+    assert_eq!(b.pop("/api/v1/pop/queue/bin-vault?batch=5").await.data(), vec![payload(3)]);
 }

@@ -56,6 +56,8 @@ async fn messages_waiting_past_the_limit_go_to_the_dlq_and_the_cursor_moves_past
     assert_eq!(dlq["messages"][0]["data"], 2, "the snapshot keeps the payload");
     let (_, status) = b.get("/api/v1/status?queue=stale").await;
     assert_eq!(status["evicted"], 2, "{status}");
+    let (_, queue_status) = b.get("/api/v1/status/queues/stale").await;
+    assert_eq!((queue_status["evicted"].clone(), queue_status["deadLetters"].clone()), (json!(2), json!(2)), "{queue_status}");
 
     // A fresh message is not evicted before its time.
     b.push_to("stale", "p", &[json!("fresh")]).await;

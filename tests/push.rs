@@ -439,38 +439,13 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     assert!(message.contains("a partition appears twice"), "{twice:?}");
 }
 
-/// A `QPB1` flag-8 body with one group of (transactionId, payload) frames,
-/// compressed at `level`; returns the body, the group's blob and the ids.
-fn flag8_body(queue: &str, partition: &str, frames: &[(&str, &str)], level: i32) -> (Vec<u8>, Vec<u8>, Vec<uuid::Uuid>) {
-    let mut raw = Vec::new();
-    let mut ids = Vec::new();
-    for (txn, payload) in frames {
-        let id = uuid::Uuid::now_v7();
-        ids.push(id);
-        queen::log::Frame { message_id: id, trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: payload.as_bytes() }
-            .encode_into(&mut raw);
-    }
-    let z = queen::log::compress_frames(&raw, level);
-    let mut b = b"QPB1".to_vec();
-    b.push(8);
-    b.extend_from_slice(&1u32.to_le_bytes());
-    for name in [queue, partition] {
-        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        b.extend_from_slice(name.as_bytes());
-    }
-    b.extend_from_slice(&(frames.len() as u32).to_le_bytes());
-    b.extend_from_slice(&(z.len() as u32).to_le_bytes());
-    b.extend_from_slice(&z);
-    (b, z, ids)
-}
-
 /// API.md §3: flag-8 groups are stored as they came, and repacked only when
 /// deduplication drops a frame.
 #[tokio::test]
 async fn a_flag_8_group_is_stored_as_it_came_and_repacked_when_a_duplicate_drops_a_frame() {
     let b = Broker::start().await;
     // Level 19 differs from the broker's level 3: equal bytes prove no recompression.
-    let (body, z, ids) = flag8_body("bin", "p", &[("a1", r#"{"n":1}"#), ("a2", r#"{"n":2}"#)], 19);
+    let (body, z, ids) = common::flag8_body("bin", "p", &[("a1", r#"{"n":1}"#), ("a2", r#"{"n":2}"#)], 19);
     let (status, answer) = b.post_raw("/api/v1/push", "application/octet-stream", body).await;
     assert_eq!(status, 201, "{answer}");
     let statuses: Vec<&str> = results(&answer).iter().map(|r| r["status"].as_str().unwrap()).collect();
@@ -484,7 +459,7 @@ async fn a_flag_8_group_is_stored_as_it_came_and_repacked_when_a_duplicate_drops
 
     // The broker did not encode frames for a group it stores whole; the
     // repack below reads them back out of the client's blob.
-    let (body, z2, ids2) = flag8_body("bin", "p", &[("a2", r#"{"n":2}"#), ("a3", r#"{"n":3}"#)], 19);
+    let (body, z2, ids2) = common::flag8_body("bin", "p", &[("a2", r#"{"n":2}"#), ("a3", r#"{"n":3}"#)], 19);
     let (status, answer) = b.post_raw("/api/v1/push", "application/octet-stream", body).await;
     assert_eq!(status, 201, "{answer}");
     let statuses: Vec<&str> = results(&answer).iter().map(|r| r["status"].as_str().unwrap()).collect();

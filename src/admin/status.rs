@@ -83,18 +83,7 @@ pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
             &[&s.queue, &s.namespace, &s.task],
         )
         .await?;
-    // Evicted: dead letters the maxWaitTimeSeconds service wrote (still in
-    // the DLQ; a replayed or deleted one is no longer counted).
-    let d = client
-        .query_one(
-            &format!(
-                "SELECT count(*)::bigint, count(*) FILTER (WHERE d.error_message = 'max_wait_time')::bigint
-                 FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE {QUEUE_FILTER}"
-            ),
-            &[&s.queue, &s.namespace, &s.task],
-        )
-        .await?;
-    let (dlq, evicted): (i64, i64) = (d.get(0), d.get(1));
+    let (dlq, evicted) = dead_letter_counts(&client, s).await?;
     let t = traffic(&client, s).await?;
     let (pu, po, ac) = t.iter().fold((0, 0, 0), |a, r| (a.0 + r.1, a.1 + r.2, a.2 + r.3));
     Ok(json!({
@@ -107,6 +96,22 @@ pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
         "evicted": evicted,
         "throughput": throughput(pu, po, ac, s),
     }))
+}
+
+/// Dead letters in scope, and how many of them the `maxWaitTimeSeconds`
+/// eviction wrote (still in the DLQ: a replayed or deleted one no longer
+/// counts).
+async fn dead_letter_counts(client: &deadpool_postgres::Client, s: &Scope) -> Result<(i64, i64), DbError> {
+    let d = client
+        .query_one(
+            &format!(
+                "SELECT count(*)::bigint, count(*) FILTER (WHERE d.error_message = 'max_wait_time')::bigint
+                 FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE {QUEUE_FILTER}"
+            ),
+            &[&s.queue, &s.namespace, &s.task],
+        )
+        .await?;
+    Ok((d.get(0), d.get(1)))
 }
 
 /// Per-group pending and lag of one queue.
@@ -186,12 +191,15 @@ pub async fn queue(pool: &Pool, name: &str, s: &Scope) -> Result<Option<Value>, 
     let (pu, po, ac) = t.first().map(|x| (x.1, x.2, x.3)).unwrap_or((0, 0, 0));
     let total: i64 = parts.iter().map(|p| p.get::<_, i64>(2) + 1 - p.get::<_, i64>(3)).sum();
     let pending: i64 = parts.iter().map(|p| p.get::<_, i64>(5)).sum();
+    let (dlq, evicted) = dead_letter_counts(&client, &scoped).await?;
     Ok(Some(json!({
         "queue": {"name": name, "namespace": q.get::<_, String>("namespace"), "task": q.get::<_, String>("task"),
                   "options": super::configure::options_json(&q)},
         "messages": {"total": total, "pending": pending},
         "partitions": partitions,
         "groups": group_lag(&client, qid).await?,
+        "deadLetters": dlq,
+        "evicted": evicted,
         "throughput": throughput(pu, po, ac, s),
         "window": {"from": iso_ms(s.from), "to": iso_ms(s.to)},
     })))

@@ -49,6 +49,10 @@ enum Scenario {
         /// transaction index; default: the broker's 3600)
         #[arg(long)]
         dedup_window: Option<u32>,
+        /// Configure the queue with encryptionEnabled first (the broker
+        /// needs QUEEN_ENCRYPTION_KEY)
+        #[arg(long)]
+        encrypted: bool,
     },
     /// Drain a pre-filled backlog: leased pops + ack/batch (or autoAck)
     Consume {
@@ -79,6 +83,10 @@ enum Scenario {
         duration: u64,
         #[arg(long, default_value_t = 100)]
         payload_size: usize,
+        /// Configure the queue with encryptionEnabled before the prefill
+        /// (the broker needs QUEEN_ENCRYPTION_KEY)
+        #[arg(long)]
+        encrypted: bool,
     },
     /// Producers at a fixed rate and long-poll consumers together: delivery latency
     E2e {
@@ -166,25 +174,37 @@ enum Scenario {
 async fn main() {
     let cli = Cli::parse();
     match cli.scenario {
-        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window } => {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window, encrypted } => {
             let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
+            let mut options = serde_json::Map::new();
             if let Some(window) = dedup_window {
-                configure_window(&cli.url, &queue, window).await;
+                options.insert("dedupWindowSeconds".into(), json!(window));
             }
-            push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, binary, dedup_window)
-                .await
+            if encrypted {
+                options.insert("encryptionEnabled".into(), json!(true));
+            }
+            if !options.is_empty() {
+                configure_queue(&cli.url, &queue, options.into()).await;
+            }
+            let how = PushKind { binary, dedup_window, encrypted };
+            push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, how).await
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
             wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size } => {
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted } => {
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
                 (true, false) => Mode::AutoAck,
                 (false, false) => Mode::Leased,
             };
-            consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), mode, Duration::from_secs(duration), payload_size).await
+            let queue = format!("bench.consume.{}", uuid::Uuid::now_v7().simple());
+            if encrypted {
+                configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
+            }
+            let how = Drain { queue, mode, encrypted };
+            consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size } => {
             let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
@@ -305,9 +325,9 @@ fn qpb1_flag8(queue: &str, partition: &str, batch: usize, payload: &str) -> Vec<
     b
 }
 
-/// Sets `queue`'s dedup window before a run (creating the queue).
-async fn configure_window(url: &str, queue: &str, seconds: u32) {
-    let body = json!({"queue": queue, "options": {"dedupWindowSeconds": seconds}});
+/// Configures `queue` with `options` before a run (creating the queue).
+async fn configure_queue(url: &str, queue: &str, options: serde_json::Value) {
+    let body = json!({"queue": queue, "options": options});
     let r = reqwest::Client::new().post(format!("{url}/api/v1/configure")).json(&body).send().await.expect("broker reachable");
     assert!(r.status().is_success(), "configure answered {}", r.status());
 }
@@ -321,9 +341,9 @@ async fn push(
     concurrency: usize,
     duration: Duration,
     payload_size: usize,
-    binary: bool,
-    dedup_window: Option<u32>,
+    how: PushKind,
 ) {
+    let PushKind { binary, dedup_window, encrypted } = how;
     let payload = "x".repeat(payload_size.saturating_sub(2));
     let started = Instant::now();
     let deadline = started + duration;
@@ -386,8 +406,23 @@ async fn push(
         json!({"scenario": "push", "body": if binary { "QPB1" } else { "JSON" }, "batch": batch, "partitions": partitions, "concurrency": concurrency,
                "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
                "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors, "broker_peak_rss_mb": peak_rss_mb,
-               "dedup_window": dedup_window})
+               "dedup_window": dedup_window, "encrypted": encrypted})
     );
+}
+
+/// How a push scenario writes: the body, and the queue's options.
+#[derive(Clone, Copy)]
+struct PushKind {
+    binary: bool,
+    dedup_window: Option<u32>,
+    encrypted: bool,
+}
+
+/// Which queue a drain reads, and how.
+struct Drain {
+    queue: String,
+    mode: Mode,
+    encrypted: bool,
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
@@ -476,8 +511,9 @@ fn count_framed(body: &[u8]) -> usize {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, mode: Mode, limit: Duration, payload_size: usize) {
-    let queue = format!("bench.consume.{}", uuid::Uuid::now_v7().simple());
+#[allow(clippy::too_many_arguments)]
+async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
+    let Drain { queue, mode, encrypted } = how;
     let filled = Instant::now();
     prefill(url, &queue, messages, partitions, payload_size).await;
     println!("prefilled {messages} messages in {:.1}s", filled.elapsed().as_secs_f64());
@@ -538,7 +574,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
     println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {mode:<8} {secs:<8.1} {:<9.0} {first_ms:.0}", n as f64 / secs);
     println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,
                           "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs,
-                          "all_served_ms": first_ms}));
+                          "all_served_ms": first_ms, "encrypted": encrypted}));
 }
 
 /// What a pushing scenario sends: messages per request, partitions, and the

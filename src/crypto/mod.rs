@@ -8,9 +8,10 @@
 //! envelope := u8 version (1) | u8[4] key_id | u8[12] nonce | ciphertext | u8[16] tag
 //! ```
 //!
-//! The nonce is random per message (96 bits from the OS generator, so a key
-//! can seal far more messages than a queue will ever hold before a repeat is
-//! a concern). The associated data binds an envelope to where it belongs (the
+//! The nonce is random per message: 96 bits from the thread's CSPRNG
+//! (ChaCha12, seeded and reseeded from the OS; one `getrandom` call per
+//! message cost a system call on every push), so a key can seal far more
+//! messages than a queue will ever hold before a repeat is a concern. The associated data binds an envelope to where it belongs (the
 //! message id in a segment or a dead letter, the transactionId in the spool),
 //! so an envelope copied onto another message does not open. `key_id` is the
 //! key check value of the key (the first four bytes of AES-256 of a zero
@@ -29,9 +30,8 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use aes_gcm::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use aes_gcm::aead::{AeadInPlace, KeyInit};
 use aes_gcm::aes::cipher::BlockEncrypt;
 use aes_gcm::Aes256Gcm;
 
@@ -110,19 +110,23 @@ impl KeyRing {
         self.current.id
     }
 
-    /// Appends the envelope of `plaintext`, bound to `aad`, to `out`.
+    /// Appends the envelope of `plaintext`, bound to `aad`, to `out`
+    /// (sealed in place: no buffer besides `out`).
     pub fn seal_into(&self, plaintext: &[u8], aad: &[u8], out: &mut Vec<u8>) {
-        let nonce = Aes256Gcm::generate_nonce(&mut OsRng);
-        let sealed = self
-            .current
-            .cipher
-            .encrypt(&nonce, Payload { msg: plaintext, aad })
-            .expect("AES-GCM encryption of an in-memory buffer does not fail");
+        let mut nonce = [0u8; NONCE_LEN];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut nonce);
         out.reserve(OVERHEAD + plaintext.len());
         out.push(VERSION);
         out.extend_from_slice(&self.current.id.0);
         out.extend_from_slice(&nonce);
-        out.extend_from_slice(&sealed);
+        let body = out.len();
+        out.extend_from_slice(plaintext);
+        let tag = self
+            .current
+            .cipher
+            .encrypt_in_place_detached(&nonce.into(), aad, &mut out[body..])
+            .expect("AES-GCM encryption of an in-memory buffer does not fail");
+        out.extend_from_slice(&tag);
     }
 
     /// The envelope of `plaintext`, bound to `aad`.
@@ -132,8 +136,9 @@ impl KeyRing {
         out
     }
 
-    /// The plaintext of an envelope bound to `aad`.
-    pub fn open(&self, envelope: &[u8], aad: &[u8]) -> Result<Vec<u8>, OpenError> {
+    /// Appends the plaintext of an envelope bound to `aad` to `out` (opened
+    /// in place); on an error `out` is as it was.
+    pub fn open_into(&self, envelope: &[u8], aad: &[u8], out: &mut Vec<u8>) -> Result<(), OpenError> {
         if envelope.len() < OVERHEAD {
             return Err(OpenError::Malformed("shorter than its header and tag"));
         }
@@ -147,7 +152,20 @@ impl KeyRing {
             .ok_or(OpenError::UnknownKey(id))?;
         let nonce_end = 1 + KEY_ID_LEN + NONCE_LEN;
         let nonce = aes_gcm::Nonce::from_slice(&envelope[1 + KEY_ID_LEN..nonce_end]);
-        key.cipher.decrypt(nonce, Payload { msg: &envelope[nonce_end..], aad }).map_err(|_| OpenError::Corrupt(id))
+        let (body, tag) = envelope[nonce_end..].split_at(envelope.len() - nonce_end - TAG_LEN);
+        let start = out.len();
+        out.extend_from_slice(body);
+        key.cipher.decrypt_in_place_detached(nonce, aad, &mut out[start..], tag.into()).map_err(|_| {
+            out.truncate(start);
+            OpenError::Corrupt(id)
+        })
+    }
+
+    /// The plaintext of an envelope bound to `aad`.
+    pub fn open(&self, envelope: &[u8], aad: &[u8]) -> Result<Vec<u8>, OpenError> {
+        let mut out = Vec::new();
+        self.open_into(envelope, aad, &mut out)?;
+        Ok(out)
     }
 }
 
@@ -158,13 +176,29 @@ pub fn open(ring: Option<&KeyRing>, envelope: &[u8], aad: &[u8]) -> Result<Vec<u
 
 /// The JSON payload of a stored frame: as stored, or opened when the frame
 /// carries an envelope (bound to its message id). Every read path that
-/// shows a payload goes through here.
+/// shows a payload goes through here or through [`write_frame_payload`].
 pub fn frame_payload<'a>(ring: Option<&KeyRing>, frame: &crate::log::Frame<'a>) -> Result<std::borrow::Cow<'a, [u8]>, OpenError> {
     if !frame.encrypted {
         return Ok(std::borrow::Cow::Borrowed(frame.payload_json()));
     }
-    let plain = open(ring, frame.payload, frame.message_id.as_bytes())?;
-    Ok(if plain.is_empty() { std::borrow::Cow::Borrowed(b"null") } else { std::borrow::Cow::Owned(plain) })
+    let mut plain = Vec::with_capacity(frame.payload.len());
+    write_frame_payload(ring, frame, &mut plain)?;
+    Ok(std::borrow::Cow::Owned(plain))
+}
+
+/// [`frame_payload`] appended to `out` (the pop's answer buffer), opened in
+/// place without a buffer of its own.
+pub fn write_frame_payload(ring: Option<&KeyRing>, frame: &crate::log::Frame<'_>, out: &mut Vec<u8>) -> Result<(), OpenError> {
+    if !frame.encrypted {
+        out.extend_from_slice(frame.payload_json());
+        return Ok(());
+    }
+    let start = out.len();
+    ring.ok_or(OpenError::NoKey)?.open_into(frame.payload, frame.message_id.as_bytes(), out)?;
+    if out.len() == start {
+        out.extend_from_slice(b"null"); // an empty payload means JSON null, sealed or not
+    }
+    Ok(())
 }
 
 /// The broker's encryption state: the key ring (None without
@@ -224,28 +258,6 @@ impl Encryption {
         self.any.store(!set.is_empty(), Ordering::Relaxed);
         *self.queues.lock().expect("encryption lock poisoned") = set;
         Ok(())
-    }
-
-    /// Refreshes on a fixed cadence until shutdown.
-    pub fn spawn_refresh(self: &Arc<Self>, pool: deadpool_postgres::Pool, every: Duration, mut shutdown: tokio::sync::broadcast::Receiver<()>) {
-        if self.ring.is_none() {
-            return;
-        }
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        if let Err(e) = me.refresh(&pool).await {
-                            tracing::debug!(error = %e, "encrypted-queue refresh failed; keeping the last set");
-                        }
-                    }
-                    _ = shutdown.recv() => return,
-                }
-            }
-        });
     }
 }
 

@@ -7,7 +7,8 @@
 //! second waits, then finds nothing left to do. A landed migration is never
 //! edited; a change is a new file.
 //!
-//! The six files are a baseline: the unreleased development history (22
+//! The first six files are a baseline (later ones are changes on top of it,
+//! 0007 the first): the unreleased development history (22
 //! migrations) was squashed into its live objects once. A database that
 //! recorded a migration this list does not hold (that history, or a newer
 //! broker's schema) is refused with one line saying what to do, rather than

@@ -138,9 +138,8 @@ pub fn render<'a>(
                 }
                 out.extend_from_slice(b",\"data\":");
                 let offset = seg.base_offset + (seg.start_idx + taken) as i64;
-                let payload = crate::crypto::frame_payload(ring, &f)
+                crate::crypto::write_frame_payload(ring, &f, &mut out)
                     .map_err(|error| DecryptFailed { partition_id: c.partition_id, offset, error })?;
-                out.extend_from_slice(&payload);
                 out.extend_from_slice(b",\"producerSub\":");
                 match f.producer_sub {
                     Some(s) => json_str(&mut out, s),

@@ -13,7 +13,6 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use tokio::sync::broadcast;
 
 /// The largest `minPopWaitTime` honoured (seeds/consuming.md: clamped to 60000).
 pub const MAX_MIN_POP_WAIT: Duration = Duration::from_millis(60_000);
@@ -87,25 +86,6 @@ impl QueueSettings {
         self.any.store(!map.is_empty(), Ordering::Relaxed);
         *self.by_queue.lock().expect("settings lock poisoned") = map;
         Ok(())
-    }
-
-    /// Refreshes on a fixed cadence until shutdown.
-    pub fn spawn_refresh(self: &std::sync::Arc<Self>, pool: Pool, every: Duration, mut shutdown: broadcast::Receiver<()>) {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {
-                        if let Err(e) = me.refresh(&pool).await {
-                            tracing::debug!(error = %e, "queue settings refresh failed; keeping the last ones");
-                        }
-                    }
-                    _ = shutdown.recv() => return,
-                }
-            }
-        });
     }
 }
 

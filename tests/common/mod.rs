@@ -510,3 +510,28 @@ macro_rules! both_modes {
         })*
     };
 }
+
+/// A `QPB1` flag-8 body with one group of (transactionId, payload) frames,
+/// compressed at `level`; returns the body, the group's blob and the ids.
+pub fn flag8_body(queue: &str, partition: &str, frames: &[(&str, &str)], level: i32) -> (Vec<u8>, Vec<u8>, Vec<uuid::Uuid>) {
+    let mut raw = Vec::new();
+    let mut ids = Vec::new();
+    for (txn, payload) in frames {
+        let id = uuid::Uuid::now_v7();
+        ids.push(id);
+        queen::log::Frame { message_id: id, trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: payload.as_bytes() }
+            .encode_into(&mut raw);
+    }
+    let z = queen::log::compress_frames(&raw, level);
+    let mut b = b"QPB1".to_vec();
+    b.push(8);
+    b.extend_from_slice(&1u32.to_le_bytes());
+    for name in [queue, partition] {
+        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        b.extend_from_slice(name.as_bytes());
+    }
+    b.extend_from_slice(&(frames.len() as u32).to_le_bytes());
+    b.extend_from_slice(&(z.len() as u32).to_le_bytes());
+    b.extend_from_slice(&z);
+    (b, z, ids)
+}
