@@ -85,3 +85,21 @@ async fn snake_case_spellings_are_read_wherever_camel_case_is() {
     let auto = b.pop("/api/v1/pop/queue/snake?consumer_group=other&auto_ack=true&batch=5").await;
     assert_eq!(auto.body.as_ref().unwrap()["leaseId"], "", "auto_ack is autoAck");
 }
+
+/// A JSON `false` status is a nack on every ack route, transactions included
+/// (it used to read as absent there, which is `completed`).
+#[tokio::test]
+async fn a_false_status_in_a_transaction_is_a_nack() {
+    let b = Broker::start().await;
+    b.push_to("bools", "p", &[json!(1)]).await;
+    let r = b.pop("/api/v1/pop/queue/bools?consumerGroup=g&batch=1").await;
+    let m = &r.messages()[0];
+    let pid = m["partitionId"].as_str().unwrap().to_string();
+    let (_, txn) = b
+        .post("/api/v1/transaction", json!({"operations": [{"type": "ack", "transactionId": m["transactionId"], "partitionId": pid,
+                                                             "consumerGroup": "g", "leaseId": m["leaseId"], "status": false}]}))
+        .await;
+    assert_eq!(txn["success"], true, "{txn}");
+    let (committed, lease, retries) = b.cursor(&pid, "g").await;
+    assert_eq!((committed, lease, retries), (-1, None, 1), "nacked: not committed, lease released, one retry spent");
+}

@@ -101,7 +101,12 @@ fn parse_ops<'a>(ops: &[&'a RawValue]) -> Result<Vec<Op<'a>>, TxnError> {
                         AckItem {
                             transaction_id: field("transactionId", "transaction_id")?,
                             partition_id: field("partitionId", "partition_id")?,
-                            status: AckStatus::normalize(v.get("status").and_then(Value::as_str)),
+                            status: match v.get("status") {
+                                // JSON booleans, as the client's True/False (and the plain ack route) read.
+                                Some(Value::Bool(true)) => AckStatus::Completed,
+                                Some(Value::Bool(false)) => AckStatus::Failed,
+                                other => AckStatus::normalize(other.and_then(Value::as_str)),
+                            },
                             error: v.get("error").and_then(Value::as_str).map(str::to_string),
                             lease_id: lease,
                             group: get("consumerGroup", "consumer_group").and_then(Value::as_str).filter(|g| !g.is_empty()).unwrap_or(QUEUE_MODE).to_string(),
