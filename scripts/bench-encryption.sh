@@ -2,8 +2,14 @@
 # Encryption at rest (docs/PERFORMANCE.md): push and leased drain of an
 # encrypted queue beside a plain one, on one broker with a key, interleaved
 # (plain, encrypted, plain, ...) ROUNDS times; prints each run and the medians
-# with their ratio. Durable private cluster, release broker, localhost only.
+# with their ratio, and the bytes a message takes in the segments of each.
+# RANDOM_PAYLOAD=1 sends high-entropy payloads (random base64 text) instead
+# of one repeated character, which compresses to almost nothing while an
+# envelope does not compress at all. Durable private cluster, release broker,
+# localhost only.
 DURATION=${DURATION:-10}
+KIND=
+[ "${RANDOM_PAYLOAD:-0}" = 1 ] && KIND=--random-payload
 MESSAGES=${MESSAGES:-200000}
 ROUNDS=${ROUNDS:-3}
 source "$(dirname "$0")/lib/bench-cluster.sh"
@@ -15,10 +21,10 @@ for round in $(seq 1 "$ROUNDS"); do
     for enc in "" "--encrypted"; do
         echo "== round $round: push, batch 100, 10 partitions, 8 clients ${enc:-(plain)}"
         ./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 \
-            --duration "$DURATION" $enc | tee -a "$OUT"
+            --duration "$DURATION" $enc $KIND | tee -a "$OUT"
         echo "== round $round: leased drain of $MESSAGES, pop batch 500, 4 consumers ${enc:-(plain)}"
         ./target/release/queen-bench --url "$BROKER_URL" consume --messages "$MESSAGES" --partitions 10 --batch 500 \
-            --concurrency 4 $enc | tee -a "$OUT"
+            --concurrency 4 $enc $KIND | tee -a "$OUT"
     done
 done
 echo "== stored bytes per message (segment blobs), plain and encrypted queues"

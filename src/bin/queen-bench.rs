@@ -53,6 +53,10 @@ enum Scenario {
         /// needs QUEEN_ENCRYPTION_KEY)
         #[arg(long)]
         encrypted: bool,
+        /// High-entropy payloads (random base64 text, 4,096 different ones)
+        /// instead of one repeated character, which compresses to nothing
+        #[arg(long)]
+        random_payload: bool,
     },
     /// Drain a pre-filled backlog: leased pops + ack/batch (or autoAck)
     Consume {
@@ -87,6 +91,9 @@ enum Scenario {
         /// (the broker needs QUEEN_ENCRYPTION_KEY)
         #[arg(long)]
         encrypted: bool,
+        /// High-entropy payloads, as for push
+        #[arg(long)]
+        random_payload: bool,
     },
     /// Producers at a fixed rate and long-poll consumers together: delivery latency
     E2e {
@@ -174,7 +181,7 @@ enum Scenario {
 async fn main() {
     let cli = Cli::parse();
     match cli.scenario {
-        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window, encrypted } => {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window, encrypted, random_payload } => {
             let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
             let mut options = serde_json::Map::new();
             if let Some(window) = dedup_window {
@@ -186,14 +193,14 @@ async fn main() {
             if !options.is_empty() {
                 configure_queue(&cli.url, &queue, options.into()).await;
             }
-            let how = PushKind { binary, dedup_window, encrypted };
+            let how = PushKind { binary, dedup_window, encrypted, random_payload };
             push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, how).await
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
             wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted } => {
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload } => {
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
                 (true, false) => Mode::AutoAck,
@@ -203,7 +210,7 @@ async fn main() {
             if encrypted {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
-            let how = Drain { queue, mode, encrypted };
+            let how = Drain { queue, mode, encrypted, random_payload };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size } => {
@@ -343,8 +350,8 @@ async fn push(
     payload_size: usize,
     how: PushKind,
 ) {
-    let PushKind { binary, dedup_window, encrypted } = how;
-    let payload = "x".repeat(payload_size.saturating_sub(2));
+    let PushKind { binary, dedup_window, encrypted, random_payload } = how;
+    let payloads = payload_pool(payload_size, random_payload);
     let started = Instant::now();
     let deadline = started + duration;
     let peak_rss = rss_sampler(url, deadline);
@@ -353,7 +360,7 @@ async fn push(
         let client = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("http client builds");
         let endpoint = format!("{url}/api/v1/push");
         let queue = queue.to_string();
-        let payload = payload.clone();
+        let payloads = payloads.clone();
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let (mut sent, mut errors) = (0u64, 0u64);
@@ -361,11 +368,12 @@ async fn push(
             while Instant::now() < deadline {
                 let partition = format!("p{}", round % partitions);
                 round += 1;
+                let payload = |k: usize| &payloads[(round * batch + k) % payloads.len()];
                 let (body, content_type) = if binary {
-                    (qpb1_flag8(&queue, &partition, batch, &payload), "application/octet-stream")
+                    (qpb1_flag8(&queue, &partition, batch, payload(0)), "application/octet-stream")
                 } else {
                     let items: Vec<_> =
-                        (0..batch).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
+                        (0..batch).map(|k| json!({"queue": queue, "partition": partition, "payload": payload(k)})).collect();
                     (serde_json::to_vec(&json!({ "items": items })).expect("serializable"), "application/json")
                 };
                 let t = Instant::now();
@@ -406,7 +414,7 @@ async fn push(
         json!({"scenario": "push", "body": if binary { "QPB1" } else { "JSON" }, "batch": batch, "partitions": partitions, "concurrency": concurrency,
                "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
                "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors, "broker_peak_rss_mb": peak_rss_mb,
-               "dedup_window": dedup_window, "encrypted": encrypted})
+               "dedup_window": dedup_window, "encrypted": encrypted, "random_payload": random_payload})
     );
 }
 
@@ -416,6 +424,25 @@ struct PushKind {
     binary: bool,
     dedup_window: Option<u32>,
     encrypted: bool,
+    random_payload: bool,
+}
+
+/// The payloads a run cycles through: one string of `size - 2` repeated
+/// characters (JSON quotes make `size`), or 4,096 random base64 strings of
+/// that length, so that no segment holds the same payload twice and zstd
+/// finds about as little to remove as in real data of high entropy.
+fn payload_pool(size: usize, random: bool) -> std::sync::Arc<Vec<String>> {
+    let len = size.saturating_sub(2);
+    if !random {
+        return std::sync::Arc::new(vec!["x".repeat(len)]);
+    }
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut rng = rand::rng();
+    std::sync::Arc::new(
+        (0..4096)
+            .map(|_| (0..len).map(|_| ALPHABET[rand::Rng::random_range(&mut rng, 0..64)] as char).collect())
+            .collect(),
+    )
 }
 
 /// Which queue a drain reads, and how.
@@ -423,25 +450,26 @@ struct Drain {
     queue: String,
     mode: Mode,
     encrypted: bool,
+    random_payload: bool,
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
 /// up to 1,000 per request (fewer when there are more partitions than
 /// 1,000-message chunks, so that every partition gets its share).
-async fn prefill(url: &str, queue: &str, messages: usize, partitions: usize, payload_size: usize) {
-    let payload = "x".repeat(payload_size.saturating_sub(2));
+async fn prefill(url: &str, queue: &str, messages: usize, partitions: usize, payloads: std::sync::Arc<Vec<String>>) {
     let client = reqwest::Client::new();
     let per = (messages / partitions).clamp(1, 1000);
     let chunks: Vec<usize> = (0..messages.div_ceil(per)).collect();
     let mut tasks = Vec::new();
     for worker in 0..8 {
-        let (client, url, queue, payload) = (client.clone(), url.to_string(), queue.to_string(), payload.clone());
+        let (client, url, queue, payloads) = (client.clone(), url.to_string(), queue.to_string(), payloads.clone());
         let mine: Vec<usize> = chunks.iter().copied().filter(|c| c % 8 == worker).collect();
         tasks.push(tokio::spawn(async move {
             for c in mine {
                 let n = per.min(messages - c * per);
                 let partition = format!("p{}", c % partitions);
-                let items: Vec<_> = (0..n).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
+                let items: Vec<_> =
+                    (0..n).map(|k| json!({"queue": queue, "partition": partition, "payload": payloads[(c * per + k) % payloads.len()]})).collect();
                 let r = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await;
                 assert!(matches!(r, Ok(ref r) if r.status().as_u16() == 201), "prefill push failed");
             }
@@ -513,9 +541,9 @@ fn count_framed(body: &[u8]) -> usize {
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
-    let Drain { queue, mode, encrypted } = how;
+    let Drain { queue, mode, encrypted, random_payload } = how;
     let filled = Instant::now();
-    prefill(url, &queue, messages, partitions, payload_size).await;
+    prefill(url, &queue, messages, partitions, payload_pool(payload_size, random_payload)).await;
     println!("prefilled {messages} messages in {:.1}s", filled.elapsed().as_secs_f64());
     let consumed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
@@ -574,7 +602,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
     println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {mode:<8} {secs:<8.1} {:<9.0} {first_ms:.0}", n as f64 / secs);
     println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,
                           "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs,
-                          "all_served_ms": first_ms, "encrypted": encrypted}));
+                          "all_served_ms": first_ms, "encrypted": encrypted, "random_payload": random_payload}));
 }
 
 /// What a pushing scenario sends: messages per request, partitions, and the
