@@ -22,7 +22,8 @@ pub struct CorruptSegment {
 
 /// An encrypted payload that did not open (a key this broker lacks, or a
 /// corrupt envelope): the pop answers 500 naming the partition, rather than
-/// delivering garbage; the lease is left to expire, so nothing is committed.
+/// delivering garbage, and nothing is committed (a lease lapses; an autoAck
+/// claim's cursors are put back, `PopService::undo_auto_ack`).
 #[derive(Debug, thiserror::Error)]
 #[error("decrypt failed: message at offset {offset} of partition {partition_id}: {error}")]
 pub struct DecryptFailed {

@@ -113,9 +113,10 @@ impl<'a> PushPlan<'a> {
         PushPlan { message_ids, txns, hashes, groups, followers, producer: producer.map(str::to_string), sealed }
     }
 
-    /// Whether any of the plan's payloads is sealed.
-    pub fn seals(&self) -> bool {
-        !self.sealed.is_empty()
+    /// Whether `group`'s payloads are sealed (a group is one queue's, so
+    /// all of them or none).
+    pub fn seals(&self, group: &PlanGroup) -> bool {
+        group.leaders.first().is_some_and(|&i| self.sealed.get(i).is_some_and(Option::is_some))
     }
 
     /// The stored frame of item `idx`.
@@ -212,7 +213,7 @@ pub async fn push_items_prepacked<'a>(
         let whole = |g: &&crate::log::binary::FramedGroup| group.leaders.iter().copied().eq(g.items.clone());
         // The client's blob is stored as it came only when nothing is added
         // to its frames: no producer stamp, no envelope.
-        let mut blob = if producer.is_none() && !plan.seals() { prepacked.iter().find(whole).map(|g| g.blob.clone()) } else { None };
+        let mut blob = if producer.is_none() && !plan.seals(group) { prepacked.iter().find(whole).map(|g| g.blob.clone()) } else { None };
         if blob.is_some() && fits_one_chunk(&plan, items, &group.leaders, &cfg) {
             // Stored as the client compressed it: no frames to encode (the
             // lane recovers them from the blob if a duplicate drops one).
