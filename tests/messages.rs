@@ -125,3 +125,65 @@ async fn the_message_listing_is_newest_first_with_filters() {
     assert_eq!(body["messages"].as_array().unwrap().iter().map(|m| m["data"].clone()).collect::<Vec<_>>(), [json!(3)]);
     assert_eq!(b.get("/api/v1/messages?limit=zero").await.0, 400);
 }
+
+/// `DELETE /api/v1/dlq` (issue 28 §3): the filters pick what goes, and only
+/// that; `queue` is required.
+#[tokio::test]
+async fn a_dlq_purge_removes_what_its_filters_match_and_nothing_else() {
+    let b = Broker::start().await;
+    dead_letter(&b, "g1", &["a", "b"]).await;
+    dead_letter(&b, "g2", &["a"]).await;
+    let r = b.http.delete(format!("{}/api/v1/dlq?queue=q&consumerGroup=g1", b.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!((body["success"].clone(), body["deleted"].clone()), (json!(true), json!(2)));
+    let (_, left) = b.get("/api/v1/dlq?queue=q").await;
+    assert_eq!(left["total"], 1);
+    assert_eq!(left["messages"][0]["consumerGroup"], "g2");
+    let r = b.http.delete(format!("{}/api/v1/dlq", b.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400, "queue is required");
+    assert_eq!(b.get("/api/v1/dlq?queue=q").await.1["total"], 1, "a refused purge removes nothing");
+    let r = b.http.delete(format!("{}/api/v1/dlq?queue=q", b.url)).send().await.unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["deleted"], 1);
+    assert_eq!(b.get("/api/v1/dlq?queue=q").await.1["total"], 0);
+}
+
+/// `POST /api/v1/dlq/{id}/replay` (issue 28 §3): one row by id, into its own
+/// partition or into the body's target; a repeat is a 404 (the row went), a
+/// bad target a 400 that changes nothing, push maintenance a 503.
+#[tokio::test]
+async fn a_dead_letter_replays_by_id_into_its_partition_or_a_target() {
+    let b = Broker::start().await;
+    dead_letter(&b, "g", &["a", "b"]).await;
+    let (_, dlq) = b.get("/api/v1/dlq?queue=q").await;
+    let id_of = |txn: &str| {
+        dlq["messages"].as_array().unwrap().iter().find(|m| m["transactionId"] == txn).unwrap()["id"].as_str().unwrap().to_string()
+    };
+    let (a, bb) = (id_of("a"), id_of("b"));
+
+    let (status, r) = b.post(&format!("/api/v1/dlq/{a}/replay"), json!({})).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!((r["result"].clone(), r["queue"].clone(), r["partition"].clone()), (json!("moved"), json!("q"), json!("p")));
+    assert_eq!(r["originalTransactionId"], "a");
+    assert_eq!(r["replayedAs"]["transaction_id"], format!("dlq:{a}"));
+    assert_eq!(b.post(&format!("/api/v1/dlq/{a}/replay"), json!({})).await.0, 404, "the row went with the replay");
+
+    let (status, r) = b.post(&format!("/api/v1/dlq/{bb}/replay"), json!({"queue": 7})).await;
+    assert_eq!((status, r["error"].clone()), (400, json!("queue: must be a string")));
+    b.post("/api/v1/system/maintenance", json!({"enabled": true})).await;
+    assert_eq!(b.post(&format!("/api/v1/dlq/{bb}/replay"), json!({})).await.0, 503);
+    b.post("/api/v1/system/maintenance", json!({"enabled": false})).await;
+    assert_eq!(b.get("/api/v1/dlq?queue=q").await.1["total"], 1, "refusals changed nothing");
+
+    let (status, r) = b.post(&format!("/api/v1/dlq/{bb}/replay"), json!({"queue": "repaired", "partition": "fixed"})).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!((r["queue"].clone(), r["partition"].clone()), (json!("repaired"), json!("fixed")));
+    let popped = b.pop("/api/v1/pop/queue/repaired/partition/fixed?batch=5").await;
+    assert_eq!(popped.data(), vec![json!({"t": "b"})]);
+    assert_eq!(popped.messages()[0]["transactionId"], format!("dlq:{bb}"));
+    // The replay into q's own partition is there too, for a group that reads it.
+    let again = b.pop("/api/v1/pop/queue/q?batch=10&consumerGroup=fresh").await;
+    assert!(again.data().contains(&json!({"t": "a"})));
+    assert_eq!(b.post("/api/v1/dlq/not-a-number/replay", json!({})).await.0, 404);
+    assert_eq!(b.get("/api/v1/dlq?queue=q").await.1["total"], 0);
+}

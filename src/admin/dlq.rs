@@ -1,5 +1,6 @@
 //! `GET /api/v1/dlq` (API.md §2.8): dead letters of a queue, newest first,
-//! with `total` counting every matching row (§6 A-16).
+//! with `total` counting every matching row (§6 A-16); `DELETE /api/v1/dlq`
+//! purges what the same filters match.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -68,4 +69,12 @@ pub async fn list(pool: &Pool, ring: Option<&crate::crypto::KeyRing>, f: &DlqFil
         })
         .collect();
     Ok(json!({"messages": messages, "pagination": {"limit": f.limit, "offset": f.offset}, "total": total}))
+}
+
+/// `DELETE /api/v1/dlq`: removes every dead letter the filters match
+/// (`limit`/`offset` do not apply); how many.
+pub async fn purge(pool: &Pool, f: &DlqFilter) -> Result<u64, DbError> {
+    let client = pool.get().await?;
+    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&f.queue, &f.group, &f.partition, &f.from, &f.to];
+    Ok(client.execute(&format!("DELETE FROM queen.dead_letters WHERE id IN (SELECT d.id {WHERE})"), &args).await?)
 }

@@ -248,30 +248,59 @@ pub struct Replayed {
     pub queued: bool,
 }
 
-/// `POST /api/v1/messages/{partitionId}/{transactionId}/retry`: pushes the
-/// newest dead-letter row of that address back into its partition under the
-/// deterministic transactionId `dlq:<row id>` (so a repeated retry is a
-/// duplicate, not a second copy), then removes the row. `None` = no such row.
-pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, txn: &str) -> Result<Option<Replayed>, DbError> {
+/// Which dead letter to replay: the newest of a message's address
+/// (`POST /api/v1/messages/{partitionId}/{transactionId}/retry`), or one row
+/// by its id (`POST /api/v1/dlq/{id}/replay`).
+pub enum DeadLetter<'a> {
+    Address { partition_id: i64, transaction_id: &'a str },
+    Id(i64),
+}
+
+/// Where a replay goes instead of the dead letter's own queue and partition
+/// (`POST /api/v1/dlq/{id}/replay` with `{queue?, partition?}`); either one
+/// absent keeps the original's.
+#[derive(Debug, Default, Clone)]
+pub struct ReplayTarget {
+    pub queue: Option<String>,
+    pub partition: Option<String>,
+}
+
+/// Pushes a dead letter back, into its own partition or into `target`,
+/// under the deterministic transactionId `dlq:<row id>` (so a repeated
+/// replay is a duplicate, not a second copy), then removes the row. An
+/// encrypted snapshot is opened here and sealed again by the push (under
+/// the current key, bound to the replay's new message id). `None` = no such
+/// row.
+pub async fn replay_dead_letter(
+    pool: &Pool,
+    coalescer: &Coalescer,
+    which: DeadLetter<'_>,
+    target: &ReplayTarget,
+) -> Result<Option<Replayed>, DbError> {
     let ring = coalescer.encryption().ring();
+    const COLUMNS: &str = "SELECT d.id, q.name, p.name, d.consumer_group, d.payload::text, d.trace_id, d.producer_sub, d.sealed,
+                                  d.message_id, d.transaction_id
+                           FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id
+                           JOIN queen.partitions p ON p.id = d.partition_id";
     let client = pool.get().await?;
-    let Some(row) = client
-        .query_opt(
-            "SELECT d.id, q.name, p.name, d.consumer_group, d.payload::text, d.trace_id, d.producer_sub, d.sealed, d.message_id
-             FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id
-             JOIN queen.partitions p ON p.id = d.partition_id
-             WHERE d.partition_id = $1 AND d.transaction_id = $2 ORDER BY d.id DESC LIMIT 1",
-            &[&pid, &txn],
-        )
-        .await?
-    else {
-        return Ok(None);
+    let row = match which {
+        DeadLetter::Address { partition_id, transaction_id } => {
+            client
+                .query_opt(
+                    &format!("{COLUMNS} WHERE d.partition_id = $1 AND d.transaction_id = $2 ORDER BY d.id DESC LIMIT 1"),
+                    &[&partition_id, &transaction_id],
+                )
+                .await?
+        }
+        DeadLetter::Id(id) => client.query_opt(&format!("{COLUMNS} WHERE d.id = $1"), &[&id]).await?,
     };
+    let Some(row) = row else { return Ok(None) };
     drop(client);
     let dlq_id: i64 = row.get(0);
-    let (queue, partition, group): (String, String, String) = (row.get(1), row.get(2), row.get(3));
-    // An encrypted snapshot is opened here and sealed again by the push
-    // (under the current key, bound to the replay's new message id).
+    let (own_queue, own_partition, group): (String, String, String) = (row.get(1), row.get(2), row.get(3));
+    let queue = target.queue.clone().unwrap_or(own_queue);
+    let partition = target.partition.clone().unwrap_or(own_partition);
+    let original_txn: String = row.get(9);
     let shown = super::ShownPayload::of_snapshot(ring, row.get(4), row.get(7), &row.get(8));
     if let Some(e) = shown.decrypt_error {
         return Err(DbError::Unexpected(format!("replay of dead letter {dlq_id}: {e}")));
@@ -302,7 +331,7 @@ pub async fn replay_dead_letter(pool: &Pool, coalescer: &Coalescer, pid: i64, tx
         "success": true,
         "result": if status == "queued" { "moved" } else { "duplicate" },
         "queue": queue, "partition": partition, "consumerGroup": group,
-        "dlqId": dlq_id.to_string(), "originalTransactionId": txn,
+        "dlqId": dlq_id.to_string(), "originalTransactionId": original_txn,
         "replayedAs": {"index": 0, "message_id": outcome.message_id().to_string(), "transaction_id": replay_txn,
                        "queueName": queue, "status": status, "offset": offset},
         "dlqRowRemoved": removed,

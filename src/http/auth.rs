@@ -197,6 +197,9 @@ mod tests {
             (Method::GET, "/api/v1/system/maintenance", Admin),
             (Method::POST, "/api/v1/consumer-groups/g/queues/q/seek", ReadWrite),
             (Method::DELETE, "/api/v1/messages/1/t", ReadWrite),
+            (Method::DELETE, "/api/v1/dlq", Admin),
+            (Method::GET, "/api/v1/dlq", ReadOnly),
+            (Method::POST, "/api/v1/dlq/7/replay", ReadWrite),
         ];
         for (m, p, want) in cases {
             assert_eq!(level(&m, p), want, "{m} {p}");

@@ -6,7 +6,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use bytes::Bytes;
+use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::AppState;
@@ -21,9 +22,9 @@ fn not_found() -> Response {
     (StatusCode::NOT_FOUND, Json(json!({"error": "Message not found"}))).into_response()
 }
 
-pub async fn list_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let p = Params::parse(q)?;
-    let filter = dlq::DlqFilter {
+/// The filters of the DLQ routes, from the query string (`queue` required).
+fn dlq_filter(p: &Params) -> Result<dlq::DlqFilter, ApiError> {
+    Ok(dlq::DlqFilter {
         queue: p.text("queue").ok_or_else(|| ApiError::BadRequest("queue: required".into()))?,
         group: p.text("consumerGroup").or_else(|| p.text("consumer_group")),
         partition: p.text("partition"),
@@ -31,8 +32,19 @@ pub async fn list_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> R
         to: p.time("to")?,
         limit: p.int("limit", 100, 1, 1000)?,
         offset: p.int("offset", 0, 0, i64::MAX)?,
-    };
+    })
+}
+
+pub async fn list_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let filter = dlq_filter(&Params::parse(q)?)?;
     Ok(Json(dlq::list(&state.pool, state.coalescer.encryption().ring(), &filter).await?).into_response())
+}
+
+/// `DELETE /api/v1/dlq?queue=…[&consumerGroup][&partition][&from][&to]` (admin).
+pub async fn purge_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let filter = dlq_filter(&Params::parse(q)?)?;
+    let deleted = dlq::purge(&state.pool, &filter).await?;
+    Ok(Json(json!({"success": true, "queue": filter.queue, "deleted": deleted})).into_response())
 }
 
 /// The filters of a message listing, from the query string.
@@ -78,14 +90,51 @@ pub async fn delete_message(State(state): State<AppState>, Path((raw_pid, txn)):
 }
 
 pub async fn retry_message(State(state): State<AppState>, Path((pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
-    let Some(pid) = partition_id(&pid) else { return Ok(not_found()) };
-    match messages::replay_dead_letter(&state.pool, &state.coalescer, pid, &txn).await? {
+    let Some(partition_id) = partition_id(&pid) else { return Ok(not_found()) };
+    replay(&state, messages::DeadLetter::Address { partition_id, transaction_id: &txn }, &Default::default()).await
+}
+
+/// `POST /api/v1/dlq/{id}/replay`, body optional: `{queue?, partition?}`
+/// names another destination.
+pub async fn replay_dlq(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    let Ok(id) = id.trim().parse::<i64>() else {
+        return Ok((StatusCode::NOT_FOUND, Json(json!({"error": "no dead letter with this id"}))).into_response());
+    };
+    let v: Value = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))?
+    };
+    if !(v.is_null() || v.is_object()) {
+        return Err(ApiError::BadRequest("body: must be an object {queue?, partition?}".into()));
+    }
+    let name = |k: &str| -> Result<Option<String>, ApiError> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => {
+                crate::push::validate::check_name(s).map_err(|p| ApiError::BadRequest(format!("{k}: {p}")))?;
+                Ok(Some(s.clone()))
+            }
+            Some(_) => Err(ApiError::BadRequest(format!("{k}: must be a string"))),
+        }
+    };
+    let target = messages::ReplayTarget { queue: name("queue")?, partition: name("partition")? };
+    replay(&state, messages::DeadLetter::Id(id), &target).await
+}
+
+/// A replay refused while push maintenance is on (it writes through the
+/// push path, which is spooling), else done, waking consumers of what it wrote.
+async fn replay(state: &AppState, which: messages::DeadLetter<'_>, target: &messages::ReplayTarget) -> Result<Response, ApiError> {
+    if state.push_maintenance() {
+        return Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "push maintenance is on: replays wait until it is off"}))).into_response());
+    }
+    match messages::replay_dead_letter(&state.pool, &state.coalescer, which, target).await? {
         Some(r) => {
             if r.queued {
                 state.committed_push(&r.queue, r.partition_id, &r.partition, 1);
             }
             Ok(Json(r.answer).into_response())
         }
-        None => Ok((StatusCode::NOT_FOUND, Json(json!({"error": "no dead-lettered message at this address"}))).into_response()),
+        None => Ok((StatusCode::NOT_FOUND, Json(json!({"error": "no such dead letter"}))).into_response()),
     }
 }
