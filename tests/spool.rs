@@ -140,3 +140,40 @@ async fn a_spool_shared_by_brokers_of_two_databases_is_replayed_only_into_its_ow
         assert_eq!(rows, 0, "the ownerless file was replayed nowhere");
     }
 }
+
+/// `GET /api/v1/status/buffers` and `GET /status` (issue 28 §3): the spool's
+/// files and bytes while pushes are buffered, gone once replayed; the
+/// broker's one page names the switches, the database and the spool.
+#[tokio::test]
+async fn the_spool_and_the_broker_page_show_what_is_buffered() {
+    let b = Broker::start().await;
+    let (_, before) = b.get("/api/v1/status/buffers").await;
+    assert_eq!((before["available"].clone(), before["files"].clone(), before["pending"].clone()), (json!(true), json!(0), json!(false)));
+    b.post("/api/v1/system/maintenance", json!({"enabled": true})).await;
+    let (status, r) = b.post("/api/v1/push", json!({"items": [{"queue": "buf", "payload": "x"}, {"queue": "buf", "payload": "y"}]})).await;
+    assert_eq!((status, r[0]["status"].clone()), (201, json!("buffered")));
+    let (status, during) = b.get("/api/v1/status/buffers").await;
+    assert_eq!(status, 200);
+    assert_eq!((during["files"].clone(), during["pending"].clone(), during["pushMaintenance"].clone()), (json!(1), json!(true), json!(true)));
+    let on_disk: u64 = std::fs::read_dir(b.spool_dir().unwrap()).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+    assert_eq!(during["bytes"], on_disk, "the bytes of the file on disk");
+    assert_eq!(during["dir"], b.spool_dir().unwrap().display().to_string());
+
+    let (status, page) = b.get("/status").await;
+    assert_eq!(status, 200);
+    assert_eq!(page["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(page["database"]["reachable"], true);
+    assert_eq!(page["database"]["embedded"], false);
+    assert_eq!(page["maintenance"], json!({"push": true, "pop": false}));
+    assert_eq!(page["spool"]["files"], 1);
+    assert_eq!(page["encryption"], json!({"enabled": false, "keyId": null}));
+    assert!(page["uptimeSeconds"].as_u64().is_some());
+
+    b.post("/api/v1/system/maintenance", json!({"enabled": false})).await;
+    eventually("the spool to drain", Duration::from_secs(10), || async {
+        let (_, after) = b.get("/api/v1/status/buffers").await;
+        after["files"] == 0 && after["pending"] == false
+    })
+    .await;
+    assert_eq!(b.get("/status").await.1["maintenance"]["push"], false);
+}

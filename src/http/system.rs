@@ -54,3 +54,44 @@ pub async fn set_pop_maintenance(
     tracing::info!(enabled, "pop maintenance switched");
     Ok(Json(json!({"enabled": enabled})))
 }
+
+/// The spool as the operator sees it: where, how much, whether a replay is due.
+fn buffers(state: &AppState) -> Value {
+    match &state.spool {
+        Some(spool) => {
+            let s = spool.stats();
+            json!({"available": true, "dir": s.dir, "files": s.files, "bytes": s.bytes, "pending": s.pending,
+                   "pushMaintenance": state.push_maintenance()})
+        }
+        None => json!({"available": false, "dir": null, "files": 0, "bytes": 0, "pending": false,
+                       "pushMaintenance": state.push_maintenance()}),
+    }
+}
+
+/// `GET /api/v1/status/buffers`: the push spool (issue 28 §3).
+pub async fn status_buffers(State(state): State<AppState>) -> Json<Value> {
+    Json(buffers(&state))
+}
+
+/// `GET /status`: one page about this broker process (issue 28 §3):
+/// version, uptime, its name, the database (reachable, and how long a
+/// round trip took), the spool, the maintenance switches and encryption.
+pub async fn broker_status(State(state): State<AppState>) -> Json<Value> {
+    let t = std::time::Instant::now();
+    let database = match crate::db::ping(&state.pool).await {
+        Ok(()) => json!({"reachable": true, "roundTripMs": t.elapsed().as_secs_f64() * 1000.0,
+                         "embedded": matches!(state.config.database, crate::config::Database::Embedded { .. })}),
+        Err(e) => json!({"reachable": false, "error": e.to_string(),
+                         "embedded": matches!(state.config.database, crate::config::Database::Embedded { .. })}),
+    };
+    let ring = state.coalescer.encryption().ring();
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "serverId": state.config.server_id,
+        "uptimeSeconds": state.telemetry.uptime_seconds().floor() as u64,
+        "database": database,
+        "spool": buffers(&state),
+        "maintenance": {"push": state.push_maintenance(), "pop": state.pop.maintenance()},
+        "encryption": {"enabled": ring.is_some(), "keyId": ring.map(|r| r.current_id().to_string())},
+    }))
+}

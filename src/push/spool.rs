@@ -70,6 +70,17 @@ fn open_spooled(ring: Option<&crate::crypto::KeyRing>, b64: &str, txn: &str) -> 
     String::from_utf8(plain).map_err(|_| SpoolError::Push(format!("sealed payload of {txn:?} is not UTF-8")))
 }
 
+/// A look at the spool directory (`Spool::stats`).
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct SpoolStats {
+    pub dir: String,
+    /// Spool files in the directory (of any database).
+    pub files: u64,
+    pub bytes: u64,
+    /// This broker has spooled work waiting for replay.
+    pub pending: bool,
+}
+
 /// The database a spool file's pushes belong to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpoolOwner {
@@ -198,6 +209,21 @@ impl Spool {
         if self.noted.lock().expect("noted lock poisoned").insert(path.to_path_buf()) {
             log();
         }
+    }
+
+    /// What the spool directory holds now, for the operator
+    /// (`GET /api/v1/status/buffers`): every spool file, this database's
+    /// or another's, and their bytes. Read from the directory, never cached.
+    pub fn stats(&self) -> SpoolStats {
+        let mut stats = SpoolStats { dir: self.dir.display().to_string(), pending: self.has_pending(), ..SpoolStats::default() };
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return stats };
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "jsonl") {
+                stats.files += 1;
+                stats.bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+        stats
     }
 
     /// Spooled work is waiting for replay.
