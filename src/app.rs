@@ -170,6 +170,12 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
             None
         }
     };
+    // The log's gauges, which read the spool too (so they start after it).
+    let (p, gauge_spool) = (store.pool.clone(), spool.clone());
+    crate::maintenance::spawn_service("gauges", config.stats_interval, stop_services.subscribe(), move || {
+        let (p, gauge_spool) = (p.clone(), gauge_spool.clone());
+        async move { crate::maintenance::gauges::tick(&p, gauge_spool.as_ref()).await }
+    });
     let flush_every = config.file_buffer_flush;
     let config_limits = config.limits.clone();
     crate::http::body::set_body_timeout(config.limits.body_timeout);

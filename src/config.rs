@@ -193,6 +193,8 @@ pub struct Config {
     pub limits: Limits,
     /// Encryption at rest: None without `QUEEN_ENCRYPTION_KEY`.
     pub encryption: Option<EncryptionKeys>,
+    /// How often the log's Prometheus gauges are recomputed.
+    pub stats_interval: Duration,
     /// Cadence and batch of the `maxWaitTimeSeconds` eviction service.
     pub eviction_interval: Duration,
     pub eviction_batch: i64,
@@ -463,6 +465,9 @@ impl Config {
             file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
             auth: auth_config(&env)?,
             encryption: encryption_keys(&env)?,
+            stats_interval: env
+                .parse(&["STATS_INTERVAL_MS"], 10_000u64, "a whole number of milliseconds from 100 to 60000", |v| (100..=60_000).contains(v))
+                .map(Duration::from_millis)?,
             eviction_interval: ms(&["EVICTION_INTERVAL"], 60_000, 100)?,
             eviction_batch: env.parse(&["EVICTION_BATCH_SIZE"], 1000i64, "a batch size of at least 1", |v| *v >= 1)?,
             limits: Limits {
@@ -526,6 +531,7 @@ impl Config {
         ("QUEEN_ANALYZE_INTERVAL_MS", "1000", "ms between checks for a partition table grown past twice its planner statistics, which are then refreshed (0 = leave it to autovacuum)"),
         ("QUEEN_ENCRYPTION_KEY", "", "64 hex characters: the AES-256-GCM key that seals the payloads of queues with encryptionEnabled; a malformed key stops the boot"),
         ("QUEEN_ENCRYPTION_KEYS", "", "comma list of older keys (64 hex characters each) still read, never written: a key rotation"),
+        ("STATS_INTERVAL_MS", "10000", "ms between recomputations of the log's Prometheus gauges (per-queue pending, partitions, dead letters; per-group lag); at most 60000"),
         ("EVICTION_INTERVAL", "60000", "ms between passes of the maxWaitTimeSeconds eviction (messages waited past a queue's limit go to the dead-letter queue)"),
         ("EVICTION_BATCH_SIZE", "1000", "most messages one eviction pass dead-letters"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage (default `QUEEN_DATA_DIR/spool` on the embedded cluster); a broker replays only the files of its own database"),

@@ -45,6 +45,12 @@ pub const HOTLIST_READY: &str = "queen_hotlist_ready_partitions";
 /// 5 ms tick opens its gate at once) or `tick` (the later ones, coalesced).
 pub const WAKE_OPENS: &str = "queen_wake_gate_opens_total";
 
+/// A gauge not set for this long leaves the exposition: the log gauges of a
+/// deleted queue or group (`maintenance::gauges`, set every
+/// `STATS_INTERVAL_MS`, at most a minute). The broker's own gauges are set
+/// at every scrape, just before the render.
+pub const GAUGE_IDLE: Duration = Duration::from_secs(300);
+
 /// How often the recorder folds histogram samples into their summaries.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
@@ -74,6 +80,7 @@ impl Telemetry {
         GLOBAL
             .get_or_init(|| {
                 let prometheus = PrometheusBuilder::new()
+                    .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(GAUGE_IDLE))
                     .set_buckets(&[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
                     .expect("bucket list is non-empty")
                     .set_buckets_for_metric(

@@ -83,3 +83,37 @@ async fn fixed_claim_permits_are_three_quarters_of_the_pool() {
     let (_, m) = Broker::start_with(&[("DB_POOL_SIZE", "40")]).await.get("/metrics").await;
     assert_eq!(m["database"]["popPermits"], 8);
 }
+
+/// The log's gauges (issue 28 §3), set by the background sampler, not by
+/// the scrape: per queue its partitions, messages, pending and dead letters;
+/// per (queue, group) the lag in messages and seconds; the spool.
+#[tokio::test]
+async fn queue_and_group_gauges_follow_what_was_pushed_and_consumed() {
+    let b = Broker::start_with(&[("STATS_INTERVAL_MS", "200")]).await;
+    b.push_to("gq", "p1", &[json!(1), json!(2), json!(3)]).await;
+    b.push_to("gq", "p2", &[json!(4)]).await;
+    // g reads and acks two messages of p1; slow has read nothing yet.
+    let body = b.pop("/api/v1/pop/queue/gq/partition/p1?batch=2&consumerGroup=g").await.body.unwrap();
+    let last = &body["messages"][1];
+    b.ack_batch(Some("g"), &[(last["transactionId"].as_str().unwrap(), last["partitionId"].as_str().unwrap(), "completed", body["leaseId"].as_str())]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/gq/partition/p2?batch=1&consumerGroup=slow&autoAck=true").await.status, 200);
+    let expected = [
+        ("queen_queue_partitions{queue=\"gq\"}", 2.0),
+        ("queen_queue_messages{queue=\"gq\"}", 4.0),
+        ("queen_consumer_lag_messages{queue=\"gq\",group=\"g\"}", 1.0),
+        ("queen_consumer_lag_messages{queue=\"gq\",group=\"slow\"}", 0.0),
+        ("queen_queue_dead_letters{queue=\"gq\"}", 0.0),
+        ("queen_spool_files", 0.0),
+    ];
+    common::eventually("the sampler to set the gauges", std::time::Duration::from_secs(10), || async {
+        let text = b.prometheus().await;
+        expected.iter().all(|(series, v)| common::sample(&text, series) == Some(*v))
+    })
+    .await;
+    let text = b.prometheus().await;
+    // Pending is what the slowest cursor of each partition has not committed:
+    // p1 holds one message past g's cursor, p2 none past slow's.
+    assert_eq!(common::sample(&text, "queen_queue_pending_messages{queue=\"gq\"}"), Some(1.0));
+    let lag_s = common::sample(&text, "queen_consumer_lag_seconds{queue=\"gq\",group=\"g\"}").unwrap();
+    assert!((0.0..60.0).contains(&lag_s), "g waits on a message seconds old: {lag_s}");
+}
