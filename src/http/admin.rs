@@ -8,7 +8,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::body::read_limited;
 use super::error::ApiError;
 use super::query::Params;
 use super::AppState;
@@ -16,14 +15,6 @@ use crate::admin::{configure, groups, resources};
 use crate::pop::QUEUE_MODE;
 
 /// A JSON body; empty is `None` (the client sends no body for `{}`).
-async fn optional_json(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Option<Value>, ApiError> {
-    let bytes = read_limited(headers, body, state.config.max_body_bytes).await?;
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))
-}
-
 fn bad(body: Value) -> Response {
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
@@ -33,7 +24,7 @@ fn queue_not_found() -> Response {
 }
 
 pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let v = optional_json(&state, &headers, body).await?.unwrap_or(Value::Null);
+    let v = super::body::optional_json(&state, &headers, body).await?.unwrap_or(Value::Null);
     let req = match configure::parse(&v, state.coalescer.encryption().ring().is_some()) {
         Ok(r) => r,
         Err(refusal) => {
@@ -166,7 +157,7 @@ pub async fn seek_queue(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = optional_json(&state, &headers, body).await.unwrap_or(None);
+    let body = super::body::optional_json(&state, &headers, body).await.unwrap_or(None);
     seek(&state, &group, &queue, None, seek_target(body, None)).await
 }
 
@@ -176,7 +167,7 @@ pub async fn seek_partition(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = optional_json(&state, &headers, body).await.unwrap_or(None);
+    let body = super::body::optional_json(&state, &headers, body).await.unwrap_or(None);
     seek(&state, &group, &queue, Some(&partition), seek_target(body, Some((true, None)))).await
 }
 
@@ -186,7 +177,7 @@ pub async fn subscription(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let body = optional_json(&state, &headers, body).await?;
+    let body = super::body::optional_json(&state, &headers, body).await?;
     let Some(ts) = body
         .as_ref()
         .and_then(|v| v.get("subscriptionTimestamp"))

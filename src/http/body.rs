@@ -43,3 +43,12 @@ pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Resu
 pub fn utf8(bytes: &[u8]) -> Result<&str, ApiError> {
     std::str::from_utf8(bytes).map_err(|e| ApiError::BadRequest(format!("bad body: not UTF-8: {e}")))
 }
+
+/// A JSON body under `QUEEN_MAX_BODY_BYTES`; `None` for an empty one.
+pub async fn optional_json(state: &super::AppState, headers: &HeaderMap, body: Body) -> Result<Option<serde_json::Value>, ApiError> {
+    let bytes = read_limited(headers, body, state.config.max_body_bytes).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))
+}

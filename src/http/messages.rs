@@ -6,7 +6,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
@@ -96,15 +95,16 @@ pub async fn retry_message(State(state): State<AppState>, Path((pid, txn)): Path
 
 /// `POST /api/v1/dlq/{id}/replay`, body optional: `{queue?, partition?}`
 /// names another destination.
-pub async fn replay_dlq(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn replay_dlq(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
     let Ok(id) = id.trim().parse::<i64>() else {
         return Ok((StatusCode::NOT_FOUND, Json(json!({"error": "no dead letter with this id"}))).into_response());
     };
-    let v: Value = if body.iter().all(u8::is_ascii_whitespace) {
-        Value::Null
-    } else {
-        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))?
-    };
+    let v = super::body::optional_json(&state, &headers, body).await?.unwrap_or(Value::Null);
     if !(v.is_null() || v.is_object()) {
         return Err(ApiError::BadRequest("body: must be an object {queue?, partition?}".into()));
     }
