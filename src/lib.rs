@@ -3,7 +3,8 @@
 //! The layout follows the data (README.md, "Layout"): `http` is the thin
 //! surface; `push` the write path, `pop` the claim path and `ack` the commit
 //! path, with `registry` the leased batches those two share; `admin` and
-//! `maintenance` the operator routes and the background services; `log` the
+//! `maintenance` the operator routes and the background services; `reads`
+//! the lease-free reads of the log (partition discovery); `log` the
 //! pure byte formats; `crypto` the envelope of encrypted payloads and the
 //! key ring; `db` the pool, claim permits and migrations;
 //! `embedded_pg` the private cluster used when no database is configured,
@@ -24,5 +25,6 @@ pub mod maintenance;
 pub mod metrics;
 pub mod pop;
 pub mod push;
+pub mod reads;
 pub mod registry;
 pub mod telemetry;
