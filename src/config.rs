@@ -540,7 +540,7 @@ impl Config {
         ("QUEEN_HEADER_TIMEOUT_MS", "10000", "ms a connection has to send a request's headers"),
         ("QUEEN_BODY_TIMEOUT_MS", "30000", "ms a request has to send its body (408 after)"),
         ("QUEEN_MAX_INFLIGHT_PUSH", "4096", "in-flight pushes; over it: 503 overloaded"),
-        ("QUEEN_MAX_INFLIGHT_POP", "10000", "in-flight pops, parked long-polls included"),
+        ("QUEEN_MAX_INFLIGHT_POP", "10000", "in-flight pops and fetches, parked long-polls included"),
         ("QUEEN_MAX_INFLIGHT_ACK", "4096", "in-flight acks, transactions and lease extensions"),
         ("QUEEN_MAX_INFLIGHT_ADMIN", "256", "in-flight requests of every other /api route"),
         ("JWT_ENABLED", "false", "require a JWT on every non-public route"),

@@ -36,7 +36,8 @@ impl InFlight {
         }
         Some(if method == Method::POST && path == "/api/v1/push" {
             ("push", &self.push)
-        } else if path.starts_with("/api/v1/pop") {
+        } else if path.starts_with("/api/v1/pop") || path == "/api/v1/fetch" {
+            // A fetch long-polls as a pop does: it counts with them.
             ("pop", &self.pop)
         } else if path.starts_with("/api/v1/ack") || path.starts_with("/api/v1/lease/") || path == "/api/v1/transaction" {
             ("ack", &self.ack)

@@ -138,6 +138,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/messages", get(messages::list_messages))
         .route("/api/v1/messages/{partition_id}/{transaction_id}", get(messages::get_message).delete(messages::delete_message))
         .route("/api/v1/messages/{partition_id}/{transaction_id}/retry", post(messages::retry_message))
+        .route("/api/v1/fetch", post(reads::fetch))
         .route("/api/v1/partitions/changed", post(reads::partitions_changed))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))

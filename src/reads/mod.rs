@@ -4,3 +4,4 @@
 //! answer, and no consumer group notices them.
 
 pub mod changed;
+pub mod fetch;
