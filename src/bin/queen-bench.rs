@@ -95,6 +95,22 @@ enum Scenario {
         #[arg(long)]
         random_payload: bool,
     },
+    /// Read one partition of a pre-filled backlog by offset (`POST
+    /// /api/v1/fetch`, no lease), then drain the same partition with leased
+    /// pops + ack/batch: msg/s and MB/s of each
+    Fetch {
+        /// Messages pre-filled into the one partition
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: usize,
+        /// Payload bytes one fetch entry may carry
+        #[arg(long, default_value_t = 8 << 20)]
+        max_bytes: usize,
+        #[arg(long, default_value_t = 100)]
+        payload_size: usize,
+        /// Longest run of each half, seconds
+        #[arg(long, default_value_t = 120)]
+        duration: u64,
+    },
     /// Producers at a fixed rate and long-poll consumers together: delivery latency
     E2e {
         /// Messages per second, all producers together
@@ -210,8 +226,17 @@ async fn main() {
             if encrypted {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
-            let how = Drain { queue, mode, encrypted, random_payload };
+            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
+        }
+        Scenario::Fetch { messages, max_bytes, payload_size, duration } => {
+            let queue = format!("bench.fetch.{}", uuid::Uuid::now_v7().simple());
+            let filled = Instant::now();
+            prefill(&cli.url, &queue, messages, 1, payload_pool(payload_size, false)).await;
+            println!("prefilled {messages} messages into one partition in {:.1}s", filled.elapsed().as_secs_f64());
+            fetch_all(&cli.url, &queue, messages, max_bytes, Duration::from_secs(duration)).await;
+            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true };
+            consume(&cli.url, messages, 1, 500, 1, 1, how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size } => {
             let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
@@ -451,6 +476,8 @@ struct Drain {
     mode: Mode,
     encrypted: bool,
     random_payload: bool,
+    /// The queue already holds the messages (the fetch scenario's).
+    prefilled: bool,
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
@@ -541,10 +568,12 @@ fn count_framed(body: &[u8]) -> usize {
 #[allow(clippy::too_many_arguments)]
 #[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
-    let Drain { queue, mode, encrypted, random_payload } = how;
-    let filled = Instant::now();
-    prefill(url, &queue, messages, partitions, payload_pool(payload_size, random_payload)).await;
-    println!("prefilled {messages} messages in {:.1}s", filled.elapsed().as_secs_f64());
+    let Drain { queue, mode, encrypted, random_payload, prefilled } = how;
+    if !prefilled {
+        let filled = Instant::now();
+        prefill(url, &queue, messages, partitions, payload_pool(payload_size, random_payload)).await;
+        println!("prefilled {messages} messages in {:.1}s", filled.elapsed().as_secs_f64());
+    }
     let consumed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let deadline = started + limit;
@@ -603,6 +632,53 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
     println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,
                           "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs,
                           "all_served_ms": first_ms, "encrypted": encrypted, "random_payload": random_payload}));
+}
+
+/// Reads partition `p0` of `queue` by offset from 0 to its high watermark,
+/// one fetch after another, as the client's `fetch` loops.
+async fn fetch_all(url: &str, queue: &str, messages: usize, max_bytes: usize, limit: Duration) {
+    #[derive(serde::Deserialize)]
+    struct Record {
+        offset: i64,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        records: Vec<Record>,
+        #[serde(rename = "highWatermark")]
+        high_watermark: i64,
+    }
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        entries: Vec<Entry>,
+    }
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let (mut next, mut read, mut bytes, mut calls) = (0i64, 0usize, 0usize, 0usize);
+    let mut end = None;
+    while Instant::now() < started + limit {
+        let body = json!({"entries": [{"queue": queue, "partition": "p0", "offset": next, "maxBytes": max_bytes}], "maxBytes": max_bytes});
+        let r = client.post(format!("{url}/api/v1/fetch")).json(&body).send().await.expect("broker reachable");
+        let raw = r.bytes().await.expect("fetch answer");
+        calls += 1;
+        bytes += raw.len();
+        let answer: Answer = serde_json::from_slice(&raw).expect("fetch answer is JSON");
+        let e = &answer.entries[0];
+        let end = *end.get_or_insert(e.high_watermark);
+        read += e.records.len();
+        match e.records.last() {
+            Some(last) => next = last.offset + 1,
+            None => break,
+        }
+        if next >= end {
+            break;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let mb = bytes as f64 / 1_048_576.0;
+    println!("scenario  messages  calls  seconds  msg/s     MB/s");
+    println!("fetch     {read:<9} {calls:<6} {secs:<8.2} {:<9.0} {:.1}", read as f64 / secs, mb / secs);
+    println!("{}", json!({"scenario": "fetch", "messages": read, "expected": messages, "calls": calls, "seconds": secs,
+                          "msg_per_s": read as f64 / secs, "answer_mb": mb, "mb_per_s": mb / secs, "max_bytes": max_bytes}));
 }
 
 /// What a pushing scenario sends: messages per request, partitions, and the
