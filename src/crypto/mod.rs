@@ -214,6 +214,9 @@ pub struct Encryption {
     ring: Option<KeyRing>,
     any: AtomicBool,
     queues: Mutex<HashSet<String>>,
+    /// Bumped by every local change, so a refresh whose read may predate
+    /// one does not overwrite it.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl Encryption {
@@ -238,6 +241,7 @@ impl Encryption {
     /// A configure on this broker: effective for the next push.
     pub fn set(&self, queue: &str, on: bool) {
         let mut set = self.queues.lock().expect("encryption lock poisoned");
+        self.generation.fetch_add(1, Ordering::SeqCst);
         if on {
             set.insert(queue.to_string());
         } else {
@@ -252,11 +256,17 @@ impl Encryption {
         if self.ring.is_none() {
             return Ok(());
         }
+        let before = self.generation.load(Ordering::SeqCst);
         let client = pool.get().await?;
         let rows = client.query("SELECT name FROM queen.queues WHERE encryption_enabled", &[]).await?;
         let set: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        self.any.store(!set.is_empty(), Ordering::Relaxed);
-        *self.queues.lock().expect("encryption lock poisoned") = set;
+        let mut current = self.queues.lock().expect("encryption lock poisoned");
+        // A configure on this broker while the query ran may be missing
+        // from what it read: keep the local change, the next refresh agrees.
+        if self.generation.load(Ordering::SeqCst) == before {
+            self.any.store(!set.is_empty(), Ordering::Relaxed);
+            *current = set;
+        }
         Ok(())
     }
 }

@@ -44,6 +44,9 @@ impl QueueTimings {
 pub struct QueueSettings {
     any: AtomicBool,
     by_queue: Mutex<HashMap<String, QueueTimings>>,
+    /// Bumped by every local change, so a refresh whose read may predate
+    /// one does not overwrite it.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl QueueSettings {
@@ -63,6 +66,7 @@ impl QueueSettings {
     /// A configure on this broker: effective for the next pop.
     pub fn set(&self, queue: &str, t: QueueTimings) {
         let mut map = self.by_queue.lock().expect("settings lock poisoned");
+        self.generation.fetch_add(1, Ordering::SeqCst);
         if t.is_off() {
             map.remove(queue);
         } else {
@@ -73,6 +77,7 @@ impl QueueSettings {
 
     /// Reloads every queue that sets one of the options.
     pub async fn refresh(&self, pool: &Pool) -> Result<(), crate::db::DbError> {
+        let before = self.generation.load(Ordering::SeqCst);
         let client = pool.get().await?;
         let rows = client
             .query(
@@ -83,8 +88,13 @@ impl QueueSettings {
             .await?;
         let map: HashMap<String, QueueTimings> =
             rows.iter().map(|r| (r.get::<_, String>(0), QueueTimings::from_columns(r.get(1), r.get(2), r.get(3)))).collect();
-        self.any.store(!map.is_empty(), Ordering::Relaxed);
-        *self.by_queue.lock().expect("settings lock poisoned") = map;
+        let mut current = self.by_queue.lock().expect("settings lock poisoned");
+        // A configure on this broker while the query ran may be missing
+        // from what it read: keep the local change, the next refresh agrees.
+        if self.generation.load(Ordering::SeqCst) == before {
+            self.any.store(!map.is_empty(), Ordering::Relaxed);
+            *current = map;
+        }
         Ok(())
     }
 }
