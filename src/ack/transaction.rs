@@ -124,12 +124,13 @@ fn parse_ops<'a>(ops: &[&'a RawValue]) -> Result<Vec<Op<'a>>, TxnError> {
 /// `body` is the JSON bundle (or a `QTB1` head); `binary_pushes` are a
 /// `QTB1` body's pushed items, which run after the head's operations, as the
 /// answer order of API.md §3.3 has them. `counts_only` answers `pushed`,
-/// `duplicate` and `acked` instead of per-operation results.
+/// `duplicate` and `acked` instead of per-operation results. `coalescer`
+/// lends its settings (the zstd level, which queues seal); the pushes
+/// themselves run on the bundle's connection, not through it.
 pub async fn run(
     pool: &deadpool_postgres::Pool,
     acks: &AckService,
-    zstd_level: i32,
-    encryption: &crate::crypto::Encryption,
+    coalescer: &crate::push::Coalescer,
     body: &str,
     binary_pushes: &[PushItem<'_>],
     counts_only: bool,
@@ -178,7 +179,7 @@ pub async fn run(
     for (op_index, op) in ops.into_iter().enumerate() {
         match op {
             Op::Push(items) => {
-                let plan = PushPlan::new(&items, producer, encryption);
+                let plan = PushPlan::new(&items, producer, coalescer.encryption());
                 let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
                 for g in &plan.groups {
                     let mut frames = Vec::new();
@@ -186,7 +187,7 @@ pub async fn run(
                         plan.frame(&items, idx).encode_into(&mut frames);
                     }
                     let hashes: Vec<i64> = g.leaders.iter().map(|&i| plan.hashes[i]).collect();
-                    match write_segment(&tx, &g.queue, &g.partition, &hashes, &frames, zstd_level).await? {
+                    match write_segment(&tx, &g.queue, &g.partition, &hashes, &frames, coalescer.config().zstd_level).await? {
                         SegmentWrite::Written { partition_id, base_offset, .. } => {
                             for (n, &idx) in g.leaders.iter().enumerate() {
                                 let message_id = plan.message_ids[idx];

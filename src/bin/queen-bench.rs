@@ -566,7 +566,6 @@ fn count_framed(body: &[u8]) -> usize {
 }
 
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
     let Drain { queue, mode, encrypted, random_payload, prefilled } = how;
     if !prefilled {

@@ -403,7 +403,7 @@ pub async fn transaction(
         let text = utf8(&bytes)?;
         (text, &[][..], false)
     };
-    match run(&state.pool, &state.ack, state.config.coalesce.zstd_level, state.coalescer.encryption(), text, pushes, counts_only, producer.as_deref()).await {
+    match run(&state.pool, &state.ack, &state.coalescer, text, pushes, counts_only, producer.as_deref()).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
                 state.committed_push(queue, *pid, partition, *n);

@@ -27,7 +27,7 @@ pub const MAX_ENTRIES: usize = 64;
 /// Partitions per page: the default and the ceiling.
 pub const MAX_LIMIT: i64 = 1000;
 
-pub const UNKNOWN_TOPIC_OR_PARTITION: &str = "UNKNOWN_TOPIC_OR_PARTITION";
+pub use super::UNKNOWN_TOPIC_OR_PARTITION;
 pub const BAD_CURSOR: &str = "BAD_CURSOR";
 
 /// One entry of the request, validated.
@@ -42,16 +42,13 @@ pub struct Entry {
 
 /// Reads a request body; the error names the entry and the field.
 pub fn parse(body: &Value) -> Result<Vec<Entry>, String> {
-    let entries = body.get("entries").and_then(Value::as_array).ok_or("entries: required, an array")?;
-    if entries.is_empty() || entries.len() > MAX_ENTRIES {
-        return Err(format!("entries: from 1 to {MAX_ENTRIES} entries, got {}", entries.len()));
-    }
+    let entries = super::entries(body, MAX_ENTRIES)?;
     entries
         .iter()
         .enumerate()
         .map(|(i, e)| {
             let field = |k: &str, p: &str| format!("entries[{i}].{k}: {p}");
-            let queue = e.get("queue").and_then(Value::as_str).filter(|q| !q.is_empty()).ok_or_else(|| field("queue", "required, a non-empty string"))?;
+            let queue = super::entry_queue(e, i)?;
             let limit = match e.get("limit") {
                 None | Some(Value::Null) => MAX_LIMIT,
                 Some(v) => v.as_i64().filter(|l| (1..=MAX_LIMIT).contains(l)).ok_or_else(|| field("limit", "an integer from 1 to 1000"))?,
@@ -68,7 +65,7 @@ pub fn parse(body: &Value) -> Result<Vec<Entry>, String> {
                 Some(Value::String(s)) => Some(s.clone()),
                 Some(_) => return Err(field("after", "the opaque string a previous page answered as next")),
             };
-            Ok(Entry { queue: queue.to_string(), limit, since, after })
+            Ok(Entry { queue, limit, since, after })
         })
         .collect()
 }

@@ -41,7 +41,7 @@ pub const MAX_WAIT: Duration = Duration::from_millis(30_000);
 const SEGMENTS_PER_READ: i64 = 16;
 
 pub const OFFSET_OUT_OF_RANGE: &str = "OFFSET_OUT_OF_RANGE";
-pub const UNKNOWN_TOPIC_OR_PARTITION: &str = "UNKNOWN_TOPIC_OR_PARTITION";
+pub use super::UNKNOWN_TOPIC_OR_PARTITION;
 pub const DECRYPT_FAILED: &str = "DECRYPT_FAILED";
 
 /// One entry of the request, validated.
@@ -64,10 +64,7 @@ pub struct Request {
 
 /// Reads a body; the error names the entry and the field.
 pub fn parse(body: &Value) -> Result<Request, String> {
-    let entries = body.get("entries").and_then(Value::as_array).ok_or("entries: required, an array")?;
-    if entries.is_empty() || entries.len() > MAX_ENTRIES {
-        return Err(format!("entries: from 1 to {MAX_ENTRIES} entries, got {}", entries.len()));
-    }
+    let entries = super::entries(body, MAX_ENTRIES)?;
     let bytes = |v: Option<&Value>, what: String, default: usize, max: usize| -> Result<usize, String> {
         match v {
             None | Some(Value::Null) => Ok(default),
@@ -79,7 +76,7 @@ pub fn parse(body: &Value) -> Result<Request, String> {
         .enumerate()
         .map(|(i, e)| {
             let field = |k: &str, p: &str| format!("entries[{i}].{k}: {p}");
-            let queue = e.get("queue").and_then(Value::as_str).filter(|q| !q.is_empty()).ok_or_else(|| field("queue", "required, a non-empty string"))?;
+            let queue = super::entry_queue(e, i)?;
             let partition = match e.get("partition") {
                 None | Some(Value::Null) => crate::push::validate::DEFAULT_PARTITION.to_string(),
                 Some(Value::String(p)) if !p.is_empty() => p.clone(),
@@ -92,7 +89,7 @@ pub fn parse(body: &Value) -> Result<Request, String> {
                 Some(v) => v.as_i64().filter(|o| *o >= 0).ok_or_else(|| field("offset", "a non-negative integer"))?,
             };
             let max_bytes = bytes(e.get("maxBytes"), format!("entries[{i}].maxBytes"), MAX_ENTRY_BYTES, MAX_ENTRY_BYTES)?;
-            Ok(Entry { queue: queue.to_string(), partition, offset, max_bytes })
+            Ok(Entry { queue, partition, offset, max_bytes })
         })
         .collect::<Result<Vec<_>, String>>()?;
     let max_wait = match body.get("maxWaitMs") {
@@ -196,9 +193,10 @@ pub async fn read(pool: &Pool, ring: Option<&KeyRing>, req: &Request) -> Result<
                             break 'segments;
                         }
                     };
-                    // At least one record per call, so an oversized one is read.
                     let fits = entry_bytes + payload.len() <= e.max_bytes && call_bytes + payload.len() <= req.max_bytes;
-                    if !fits && !(first && call_bytes == 0) {
+                    // The call's first record is read however large, so no reader stalls.
+                    let must_take = first && call_bytes == 0;
+                    if !(fits || must_take) {
                         break 'segments;
                     }
                     if !first {
