@@ -90,3 +90,45 @@ async fn eviction_never_passes_a_live_lease_and_leaves_other_groups_and_queues_a
     assert_eq!(acks[0]["success"], true, "{acks:?}");
     assert_eq!(b.cursor(&pid, "g").await.0, 1);
 }
+
+/// A broker killed (`kill -9`) again and again while it evicts loses no
+/// message and dead-letters none twice: each pass's dead letters and cursor
+/// move are one statement, so a crash lands before or after it, never inside.
+#[tokio::test]
+async fn killing_the_broker_mid_eviction_loses_nothing_and_doubles_nothing() {
+    let mut b = Broker::start_with(&[("EVICTION_INTERVAL", "100"), ("EVICTION_BATCH_SIZE", "50")]).await;
+    b.post("/api/v1/configure", json!({"queue": "crash", "options": {"maxWaitTimeSeconds": 1}})).await;
+    let partitions = ["a", "b", "c", "d"];
+    for p in partitions {
+        let items: Vec<Value> = (0..500).map(|i| json!({"queue": "crash", "partition": p, "payload": i})).collect();
+        assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+        // First contact gives group g a cursor on every partition, at -1.
+        assert_eq!(b.pop(&format!("/api/v1/pop/queue/crash/partition/{p}?consumerGroup=g&batch=1&leaseSeconds=1")).await.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await; // leases lapse, messages age past the limit
+    let sql = b.sql().await;
+    let evicted = || async {
+        sql.query_one("SELECT count(*) FROM queen.dead_letters WHERE consumer_group = 'g'", &[]).await.unwrap().get::<_, i64>(0)
+    };
+    // 2,000 messages at 50 per pass: many passes, each interrupted at some point.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        b.restart().await; // kill -9, then start again on the same database
+    }
+    eventually("every message to be evicted", Duration::from_secs(30), || async { evicted().await == 2000 }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // a few more passes: nothing more to do
+    assert_eq!(evicted().await, 2000, "none twice");
+    let rows = sql
+        .query(
+            "SELECT p.name, count(DISTINCT d.msg_offset), min(d.msg_offset), max(d.msg_offset), c.committed
+             FROM queen.dead_letters d JOIN queen.partitions p ON p.id = d.partition_id
+             JOIN queen.consumers c ON c.partition_id = d.partition_id AND c.consumer_group = d.consumer_group
+             GROUP BY p.name, c.committed ORDER BY p.name",
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(String, i64, i64, i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+    let want: Vec<(String, i64, i64, i64, i64)> = partitions.iter().map(|p| (p.to_string(), 500, 0, 499, 499)).collect();
+    assert_eq!(got, want, "each partition: offsets 0..=499 once each, and the cursor past the last");
+}
