@@ -9,11 +9,12 @@
 //! key ring; `db` the pool, claim permits and migrations;
 //! `embedded_pg` the private cluster used when no database is configured,
 //! `config` every setting, and `app` boot and shutdown; `json` holds what the
-//! body readers share.
+//! body readers share, `cache` the per-queue settings copied into a broker.
 
 pub mod ack;
 pub mod admin;
 pub mod app;
+pub mod cache;
 pub mod config;
 pub mod crypto;
 pub mod db;

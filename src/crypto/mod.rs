@@ -28,8 +28,7 @@
 //! and the ring know nothing of HTTP or PostgreSQL.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use aes_gcm::aead::{AeadInPlace, KeyInit};
 use aes_gcm::aes::cipher::BlockEncrypt;
@@ -212,11 +211,7 @@ pub fn write_frame_payload(ring: Option<&KeyRing>, frame: &crate::log::Frame<'_>
 #[derive(Default)]
 pub struct Encryption {
     ring: Option<KeyRing>,
-    any: AtomicBool,
-    queues: Mutex<HashSet<String>>,
-    /// Bumped by every local change, so a refresh whose read may predate
-    /// one does not overwrite it.
-    generation: std::sync::atomic::AtomicU64,
+    queues: crate::cache::Reloaded<HashSet<String>>,
 }
 
 impl Encryption {
@@ -231,23 +226,19 @@ impl Encryption {
 
     /// The ring to seal `queue`'s payloads with, when that queue encrypts.
     pub fn sealing(&self, queue: &str) -> Option<&KeyRing> {
-        if !self.any.load(Ordering::Relaxed) {
-            return None;
-        }
         let ring = self.ring.as_ref()?;
-        self.queues.lock().expect("encryption lock poisoned").contains(queue).then_some(ring)
+        self.queues.read(|set| set.contains(queue).then_some(ring))
     }
 
     /// A configure on this broker: effective for the next push.
     pub fn set(&self, queue: &str, on: bool) {
-        let mut set = self.queues.lock().expect("encryption lock poisoned");
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        if on {
-            set.insert(queue.to_string());
-        } else {
-            set.remove(queue);
-        }
-        self.any.store(!set.is_empty(), Ordering::Relaxed);
+        self.queues.change(|set| {
+            if on {
+                set.insert(queue.to_string());
+            } else {
+                set.remove(queue);
+            }
+        });
     }
 
     /// Reloads the queues that encrypt (a broker without a key has nothing
@@ -256,17 +247,10 @@ impl Encryption {
         if self.ring.is_none() {
             return Ok(());
         }
-        let before = self.generation.load(Ordering::SeqCst);
+        let since = self.queues.generation();
         let client = pool.get().await?;
         let rows = client.query("SELECT name FROM queen.queues WHERE encryption_enabled", &[]).await?;
-        let set: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
-        let mut current = self.queues.lock().expect("encryption lock poisoned");
-        // A configure on this broker while the query ran may be missing
-        // from what it read: keep the local change, the next refresh agrees.
-        if self.generation.load(Ordering::SeqCst) == before {
-            self.any.store(!set.is_empty(), Ordering::Relaxed);
-            *current = set;
-        }
+        self.queues.replace_unless_changed(since, rows.iter().map(|r| r.get(0)).collect());
         Ok(())
     }
 }

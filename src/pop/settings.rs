@@ -8,8 +8,6 @@
 //! a `/configure` on this broker updates it at once.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -40,22 +38,16 @@ impl QueueTimings {
     }
 }
 
+/// The queues that set a timing, as this broker knows them (`crate::cache`).
 #[derive(Default)]
 pub struct QueueSettings {
-    any: AtomicBool,
-    by_queue: Mutex<HashMap<String, QueueTimings>>,
-    /// Bumped by every local change, so a refresh whose read may predate
-    /// one does not overwrite it.
-    generation: std::sync::atomic::AtomicU64,
+    by_queue: crate::cache::Reloaded<HashMap<String, QueueTimings>>,
 }
 
 impl QueueSettings {
     /// `queue`'s timings, if it sets any. One atomic load when no queue does.
     pub fn get(&self, queue: &str) -> Option<QueueTimings> {
-        if !self.any.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.by_queue.lock().expect("settings lock poisoned").get(queue).copied()
+        self.by_queue.read(|m| m.get(queue).copied())
     }
 
     /// The `minPopWaitTime` of `queue`, if it has one.
@@ -65,19 +57,18 @@ impl QueueSettings {
 
     /// A configure on this broker: effective for the next pop.
     pub fn set(&self, queue: &str, t: QueueTimings) {
-        let mut map = self.by_queue.lock().expect("settings lock poisoned");
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        if t.is_off() {
-            map.remove(queue);
-        } else {
-            map.insert(queue.to_string(), t);
-        }
-        self.any.store(!map.is_empty(), Ordering::Relaxed);
+        self.by_queue.change(|map| {
+            if t.is_off() {
+                map.remove(queue);
+            } else {
+                map.insert(queue.to_string(), t);
+            }
+        });
     }
 
     /// Reloads every queue that sets one of the options.
     pub async fn refresh(&self, pool: &Pool) -> Result<(), crate::db::DbError> {
-        let before = self.generation.load(Ordering::SeqCst);
+        let since = self.by_queue.generation();
         let client = pool.get().await?;
         let rows = client
             .query(
@@ -88,13 +79,7 @@ impl QueueSettings {
             .await?;
         let map: HashMap<String, QueueTimings> =
             rows.iter().map(|r| (r.get::<_, String>(0), QueueTimings::from_columns(r.get(1), r.get(2), r.get(3)))).collect();
-        let mut current = self.by_queue.lock().expect("settings lock poisoned");
-        // A configure on this broker while the query ran may be missing
-        // from what it read: keep the local change, the next refresh agrees.
-        if self.generation.load(Ordering::SeqCst) == before {
-            self.any.store(!map.is_empty(), Ordering::Relaxed);
-            *current = map;
-        }
+        self.by_queue.replace_unless_changed(since, map);
         Ok(())
     }
 }
@@ -113,6 +98,6 @@ mod tests {
         assert_eq!(s.min_pop_wait("q"), Some(MAX_MIN_POP_WAIT), "clamped to 60000");
         s.set("q", QueueTimings::default());
         assert_eq!(s.get("q"), None);
-        assert!(!s.any.load(Ordering::Relaxed));
+        assert_eq!(s.by_queue.read(|m| Some(m.len())), None, "empty again: one atomic load");
     }
 }
