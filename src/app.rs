@@ -182,7 +182,8 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global(), spool,
         push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-        inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)) };
+        inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
+        traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()) };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
@@ -267,6 +268,11 @@ fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &bro
     spawn_service("dedup_purge", config.retention_interval, stop.subscribe(), move || {
         let p = p.clone();
         async move { dedup_purge::tick(&p, batch).await }
+    });
+    let (p, days, batch) = (pool.clone(), config.traces_retention_days, config.retention_batch);
+    spawn_service("trace_sweeper", config.retention_interval, stop.subscribe(), move || {
+        let p = p.clone();
+        async move { crate::maintenance::traces::tick(&p, days, batch).await }
     });
     let (p, batch) = (pool.clone(), config.eviction_batch);
     spawn_service("eviction", config.eviction_interval, stop.subscribe(), move || {

@@ -179,6 +179,8 @@ pub struct Config {
     /// Cadence of the analytics sampler and how long samples are kept.
     pub metrics_flush: Duration,
     pub metrics_retention_days: i32,
+    /// Days a trace is kept at most (traces also leave with their message).
+    pub traces_retention_days: i32,
     /// This broker's name in shared tables (metrics samples).
     pub server_id: String,
     /// Idle time after which an emptied partition is removed (None = never).
@@ -450,6 +452,7 @@ impl Config {
             retention_batch: env.parse(&["RETENTION_BATCH_SIZE"], 1000i32, "a batch size of at least 1", |v| *v >= 1)?,
             metrics_flush: ms(&["METRICS_FLUSH_MS"], 60_000, 100)?,
             metrics_retention_days: env.parse(&["METRICS_RETENTION_DAYS"], 90i32, "a number of days of at least 1", |v| *v >= 1)?,
+            traces_retention_days: env.parse(&["TRACES_RETENTION_DAYS"], 7i32, "a number of days of at least 1", |v| *v >= 1)?,
             server_id: env.string(&["QUEEN_SERVER_ID", "HOSTNAME"], &format!("queen-{}", std::process::id())),
             analyze_interval: match env.parse(&["QUEEN_ANALYZE_INTERVAL_MS"], 1000u64, "0 (off) or a whole number of milliseconds of at least 100", |v| *v == 0 || *v >= 100)? {
                 0 => None,
@@ -525,6 +528,7 @@ impl Config {
         ("RETENTION_BATCH_SIZE", "1000", "segments one retention batch removes"),
         ("METRICS_FLUSH_MS", "60000", "ms between analytics samples"),
         ("METRICS_RETENTION_DAYS", "90", "days analytics samples are kept"),
+        ("TRACES_RETENTION_DAYS", "7", "days a trace is kept at most; a trace also goes with its message (retention, partition cleanup, queue deletion)"),
         ("QUEEN_SERVER_ID (or HOSTNAME)", "queen-<pid>", "this broker's name in analytics samples"),
         ("PARTITION_CLEANUP_DAYS", "30", "days an emptied partition stays unwritten before it is removed (fractions allowed)"),
         ("QUEEN_PARTITION_CLEANUP_ENABLED", "true", "remove emptied partitions at all"),
@@ -541,7 +545,7 @@ impl Config {
         ("QUEEN_BODY_TIMEOUT_MS", "30000", "ms a request has to send its body (408 after)"),
         ("QUEEN_MAX_INFLIGHT_PUSH", "4096", "in-flight pushes; over it: 503 overloaded"),
         ("QUEEN_MAX_INFLIGHT_POP", "10000", "in-flight pops and fetches, parked long-polls included"),
-        ("QUEEN_MAX_INFLIGHT_ACK", "4096", "in-flight acks, transactions and lease extensions"),
+        ("QUEEN_MAX_INFLIGHT_ACK", "4096", "in-flight acks, transactions, lease extensions and trace writes"),
         ("QUEEN_MAX_INFLIGHT_ADMIN", "256", "in-flight requests of every other /api route"),
         ("JWT_ENABLED", "false", "require a JWT on every non-public route"),
         ("JWT_ALGORITHM", "HS256", "HS256|HS384|HS512|RS256|RS384|RS512|EdDSA|auto"),

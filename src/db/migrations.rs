@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(5, "0005_admin.sql"),
     migration!(6, "0006_maintenance.sql"),
     migration!(7, "0007_encryption_and_eviction.sql"),
+    migration!(8, "0008_traces.sql"),
 ];
 
 /// The first migration of the development history squashed into the

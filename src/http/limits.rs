@@ -39,7 +39,12 @@ impl InFlight {
         } else if path.starts_with("/api/v1/pop") || path == "/api/v1/fetch" {
             // A fetch long-polls as a pop does: it counts with them.
             ("pop", &self.pop)
-        } else if path.starts_with("/api/v1/ack") || path.starts_with("/api/v1/lease/") || path == "/api/v1/transaction" {
+        } else if path.starts_with("/api/v1/ack")
+            || path.starts_with("/api/v1/lease/")
+            || path == "/api/v1/transaction"
+            || (method == Method::POST && path == "/api/v1/traces")
+        {
+            // A consume loop's per-message calls; a trace is one of them.
             ("ack", &self.ack)
         } else {
             ("admin", &self.admin)

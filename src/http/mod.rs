@@ -48,6 +48,7 @@ pub struct AppState {
     pub spool: Option<Arc<crate::push::spool::Spool>>,
     pub push_maintenance: Arc<std::sync::atomic::AtomicBool>,
     pub inflight: Arc<limits::InFlight>,
+    pub traces: crate::reads::traces::TraceWriter,
 }
 
 impl AppState {
@@ -140,6 +141,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/messages/{partition_id}/{transaction_id}/retry", post(messages::retry_message))
         .route("/api/v1/fetch", post(reads::fetch))
         .route("/api/v1/partitions/changed", post(reads::partitions_changed))
+        .route("/api/v1/traces", post(reads::post_trace))
+        .route("/api/v1/traces/names", get(reads::trace_names))
+        .route("/api/v1/traces/by-name/{name}", get(reads::traces_by_name))
+        .route("/api/v1/traces/{partition_id}/{transaction_id}", get(reads::traces_for_message))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)

@@ -2,7 +2,8 @@
 //! `completedRetentionSeconds` once every group has committed beyond them
 //! (`queen.retention_v1`, which also keeps `log_start` true), and with them
 //! the transaction-index entries the dedup purge has not reached yet: a
-//! removed message's transactionId is forgotten with it.
+//! removed message's transactionId is forgotten with it, and so are its
+//! traces.
 
 use deadpool_postgres::Pool;
 
@@ -22,6 +23,11 @@ pub async fn tick(pool: &Pool, batch: i32) -> Result<bool, DbError> {
         }
     }
     doomed.delete(&tx).await?;
+    if !removed.is_empty() {
+        let mut partitions: Vec<i64> = removed.iter().map(|s| s.get(0)).collect();
+        partitions.dedup();
+        tx.execute("SELECT queen.trace_follow_retention_v1($1)", &[&partitions]).await?;
+    }
     tx.commit().await?;
     if !removed.is_empty() {
         tracing::debug!(segments = removed.len(), "retention removed segments");

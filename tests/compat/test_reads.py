@@ -42,3 +42,30 @@ def test_fetch_reads_every_record_to_the_first_high_watermark(broker):
             small = await q.queue("ledger").fetch("a", max_bytes=8)
             assert [r["offset"] for r in small["a"]["records"]] == [0, 1, 2, 3, 4, 5]
     run(scenario())
+
+
+def test_a_consume_loop_traces_every_message_and_the_admin_reads_them_back(broker):
+    async def scenario():
+        async with Queen(broker.url) as q:
+            await q.queue("traced").push([{"data": {"order": i}} for i in range(4)])
+            answers = []
+
+            async def handler(message):
+                order = message["data"]["order"]
+                answers.append(await message["trace"]({
+                    "traceName": [f"order-{order}", "batch-7"], "eventType": "processed", "data": {"order": order}}))
+
+            await q.queue("traced").group("tracers").batch(1).each().limit(4).idle_millis(2000).consume(handler)
+            assert len(answers) == 4 and all(a["success"] for a in answers), answers
+            assert all(len(a["traceId"]) == 36 for a in answers)
+            names = await q.admin.get_trace_names(search="batch")
+            assert [(n["name"], n["traceCount"], n["messageCount"]) for n in names["names"]] == [("batch-7", 4, 4)]
+            one = await q.admin.get_traces_by_name("order-2")
+            assert one["total"] == 1 and one["traces"][0]["data"] == {"order": 2}
+            t = one["traces"][0]
+            assert (t["consumerGroup"], t["eventType"], t["queue"]) == ("tracers", "processed", "traced")
+            mine = await q.admin.get_traces_for_message(t["partitionId"], t["transactionId"])
+            assert [x["traceId"] for x in mine["traces"]] == [t["traceId"]]
+            paged = await q.admin.get_traces_by_name("batch-7", limit=3, offset=0)
+            assert paged["total"] == 4 and len(paged["traces"]) == 3
+    run(scenario())
