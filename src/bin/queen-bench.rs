@@ -94,6 +94,11 @@ enum Scenario {
         /// High-entropy payloads, as for push
         #[arg(long)]
         random_payload: bool,
+        /// Trace every message before acking it, as a client's handler
+        /// calling `message.trace(...)` does: one `POST /api/v1/traces` per
+        /// message, awaited in turn (leased mode only)
+        #[arg(long, conflicts_with = "auto_ack")]
+        trace: bool,
     },
     /// Read one partition of a pre-filled backlog by offset (`POST
     /// /api/v1/fetch`, no lease), then drain the same partition with leased
@@ -216,7 +221,7 @@ async fn main() {
             wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload } => {
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace } => {
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
                 (true, false) => Mode::AutoAck,
@@ -226,7 +231,7 @@ async fn main() {
             if encrypted {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
-            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false };
+            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false, trace };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fetch { messages, max_bytes, payload_size, duration } => {
@@ -235,7 +240,7 @@ async fn main() {
             prefill(&cli.url, &queue, messages, 1, payload_pool(payload_size, false)).await;
             println!("prefilled {messages} messages into one partition in {:.1}s", filled.elapsed().as_secs_f64());
             fetch_all(&cli.url, &queue, messages, max_bytes, Duration::from_secs(duration)).await;
-            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true };
+            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false };
             consume(&cli.url, messages, 1, 500, 1, 1, how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size } => {
@@ -478,6 +483,8 @@ struct Drain {
     random_payload: bool,
     /// The queue already holds the messages (the fetch scenario's).
     prefilled: bool,
+    /// One trace per message before the ack.
+    trace: bool,
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
@@ -567,7 +574,7 @@ fn count_framed(body: &[u8]) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
-    let Drain { queue, mode, encrypted, random_payload, prefilled } = how;
+    let Drain { queue, mode, encrypted, random_payload, prefilled, trace } = how;
     if !prefilled {
         let filled = Instant::now();
         prefill(url, &queue, messages, partitions, payload_pool(payload_size, random_payload)).await;
@@ -599,6 +606,14 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                 }
                 let bytes = r.bytes().await.expect("pop answer");
                 let answer: PopAnswer = serde_json::from_slice(&bytes).expect("pop answer is JSON");
+                if trace {
+                    for m in &answer.messages {
+                        let body = json!({"transactionId": m.transaction_id, "partitionId": m.partition_id, "consumerGroup": "bench",
+                                          "traceNames": ["bench"], "eventType": "processed", "data": {"step": "handled"}});
+                        let r = client.post(format!("{url}/api/v1/traces")).json(&body).send().await;
+                        assert!(r.map(|r| r.status().is_success()).unwrap_or(false), "a trace was refused");
+                    }
+                }
                 if !auto_ack {
                     let _ = client
                         .post(format!("{url}/api/v1/ack/batch"))
@@ -626,6 +641,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
         Mode::AutoAck => "autoAck",
         Mode::Frames => "frames",
     };
+    let mode = if trace { "traced" } else { mode };
     println!("scenario  messages  partitions  batch  pop-partitions  consumers  mode     seconds  msg/s     all-served ms");
     println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {mode:<8} {secs:<8.1} {:<9.0} {first_ms:.0}", n as f64 / secs);
     println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,

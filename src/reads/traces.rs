@@ -206,13 +206,15 @@ async fn write_batch(pool: &Pool, batch: &[Pending]) -> Result<std::collections:
     // jsonb travels as text: tokio-postgres is built without serde_json.
     let names: Vec<String> = batch.iter().map(|p| json!(p.event.names).to_string()).collect();
     let data: Vec<String> = batch.iter().map(|p| p.event.data.to_string()).collect();
-    let rows = client
-        .query(
-            "SELECT o_trace_id FROM queen.trace_write_v1($1, $2, $3, $4, $5, $6::text[]::jsonb[], $7::text[]::jsonb[])",
-            &[&ids, &partitions, &col(|e| &e.transaction_id), &col(|e| &e.consumer_group), &col(|e| &e.event_type), &names, &data],
-        )
+    let (txns, groups, events) = (col(|e| &e.transaction_id), col(|e| &e.consumer_group), col(|e| &e.event_type));
+    // One statement, its own transaction; it commits without waiting for
+    // the disk (docs/DECISIONS.md, "Traces commit without waiting for the
+    // disk").
+    let write = client
+        .prepare_cached("SELECT o_trace_id FROM queen.trace_write_v1($1, $2, $3, $4, $5, $6::text[]::jsonb[], $7::text[]::jsonb[])")
         .await
         .map_err(DbError::from)?;
+    let rows = client.query(&write, &[&ids, &partitions, &txns, &groups, &events, &names, &data]).await.map_err(DbError::from)?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
