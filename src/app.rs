@@ -284,10 +284,11 @@ fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &bro
         crate::metrics::Telemetry::global().upkeep();
         Ok(false)
     });
-    let (p, broker, days) = (pool.clone(), config.server_id.clone(), config.metrics_retention_days);
+    let p = pool.clone();
+    let sampler = Arc::new(metrics_sampler::Sampler::new(config.server_id.clone(), config.metrics_retention_days));
     spawn_service("metrics_sampler", config.metrics_flush, stop.subscribe(), move || {
-        let (p, broker) = (p.clone(), broker.clone());
-        async move { metrics_sampler::tick(&p, &crate::metrics::Telemetry::global(), &broker, days).await }
+        let (p, sampler) = (p.clone(), sampler.clone());
+        async move { sampler.tick(&p, &crate::metrics::Telemetry::global()).await }
     });
 }
 

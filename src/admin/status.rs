@@ -32,13 +32,13 @@ impl Scope {
     }
 }
 
-const QUEUE_FILTER: &str = "($1::text IS NULL OR q.name = $1) AND ($2::text IS NULL OR q.namespace = $2) AND ($3::text IS NULL OR q.task = $3)";
+pub(crate) const QUEUE_FILTER: &str = "($1::text IS NULL OR q.name = $1) AND ($2::text IS NULL OR q.namespace = $2) AND ($3::text IS NULL OR q.task = $3)";
 
-const PARTITION_PENDING: &str = "GREATEST(p.last_offset - GREATEST(COALESCE(
+pub(crate) const PARTITION_PENDING: &str = "GREATEST(p.last_offset - GREATEST(COALESCE(
         (SELECT min(c.committed) FROM queen.consumers c WHERE c.partition_id = p.id), -1), p.log_start - 1), 0)";
 
 /// Traffic per queue in the window, from the samples.
-async fn traffic(client: &deadpool_postgres::Client, s: &Scope) -> Result<Vec<(String, i64, i64, i64)>, DbError> {
+pub(crate) async fn traffic(client: &deadpool_postgres::Client, s: &Scope) -> Result<Vec<(String, i64, i64, i64)>, DbError> {
     let rows = client
         .query(
             &format!(
@@ -53,7 +53,7 @@ async fn traffic(client: &deadpool_postgres::Client, s: &Scope) -> Result<Vec<(S
     Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect())
 }
 
-fn throughput(pushed: i64, popped: i64, acked: i64, s: &Scope) -> Value {
+pub(crate) fn throughput(pushed: i64, popped: i64, acked: i64, s: &Scope) -> Value {
     let secs = (s.to - s.from).num_milliseconds().max(1) as f64 / 1000.0;
     json!({"pushed": pushed, "popped": popped, "acked": acked,
            "pushPerSecond": pushed as f64 / secs, "popPerSecond": popped as f64 / secs, "ackPerSecond": acked as f64 / secs})

@@ -197,7 +197,7 @@ pub async fn refresh_stats() -> Json<Value> {
     Json(json!({"success": true, "message": "statistics are computed on read", "refreshedAt": crate::admin::iso_ms(chrono::Utc::now())}))
 }
 
-fn scope(p: &Params) -> Result<crate::admin::status::Scope, ApiError> {
+pub(super) fn scope(p: &Params) -> Result<crate::admin::status::Scope, ApiError> {
     let mut s = crate::admin::status::Scope::new(p.time("from")?, p.time("to")?);
     s.queue = p.text("queue");
     s.namespace = p.text("namespace");
@@ -232,11 +232,6 @@ pub async fn status_queue_messages(State(state): State<AppState>, Path(queue): P
 
 pub async fn analytics(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    let interval = match p.text("interval").as_deref() {
-        None | Some("minute") | Some("1m") => "minute",
-        Some("hour") | Some("1h") => "hour",
-        Some("day") | Some("1d") => "day",
-        Some(other) => return Err(ApiError::BadRequest(format!("interval: must be minute, hour or day, got {other:?}"))),
-    };
-    Ok(Json(crate::admin::status::analytics(&state.pool, &scope(&p)?, interval).await?).into_response())
+    let interval = crate::reads::analytics::Interval::parse(p.text("interval").as_deref()).map_err(ApiError::BadRequest)?;
+    Ok(Json(crate::admin::status::analytics(&state.pool, &scope(&p)?, interval.unit()).await?).into_response())
 }

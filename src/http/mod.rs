@@ -4,6 +4,7 @@
 
 pub mod ack;
 pub mod admin;
+pub mod analytics;
 pub mod auth;
 pub mod body;
 pub mod error;
@@ -134,6 +135,16 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/status/queues/{queue}", get(admin::status_queue))
         .route("/api/v1/status/queues/{queue}/messages", get(admin::status_queue_messages))
         .route("/api/v1/status/analytics", get(admin::analytics))
+        .route("/api/v1/analytics/system-metrics", get(analytics::system_metrics))
+        .route("/api/v1/analytics/worker-metrics", get(analytics::worker_metrics))
+        .route("/api/v1/analytics/queue-lag", get(analytics::queue_lag))
+        .route("/api/v1/analytics/queue-ops", get(analytics::queue_ops))
+        .route("/api/v1/analytics/workload", get(analytics::workload))
+        .route("/api/v1/analytics/queue-parked-replicas", get(analytics::parked_replicas))
+        .route("/api/v1/analytics/retention", get(analytics::retention))
+        .route("/api/v1/analytics/dlq-signatures", get(analytics::dlq_signatures))
+        .route("/api/v1/analytics/partition-liveness", get(analytics::partition_liveness))
+        .route("/api/v1/analytics/postgres-stats", get(analytics::postgres_stats))
         .route("/api/v1/dlq", get(messages::list_dlq).delete(messages::purge_dlq))
         .route("/api/v1/dlq/{id}/replay", post(messages::replay_dlq))
         .route("/api/v1/messages", get(messages::list_messages))

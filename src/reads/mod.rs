@@ -3,6 +3,7 @@
 //! reads) and the analytics family (issue 28). Two readers asking the same question get the same
 //! answer, and no consumer group notices them.
 
+pub mod analytics;
 pub mod changed;
 pub mod fetch;
 pub mod traces;

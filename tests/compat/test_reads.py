@@ -69,3 +69,14 @@ def test_a_consume_loop_traces_every_message_and_the_admin_reads_them_back(broke
             paged = await q.admin.get_traces_by_name("batch-7", limit=3, offset=0)
             assert paged["total"] == 4 and len(paged["traces"]) == 3
     run(scenario())
+
+
+def test_the_admin_reads_system_and_worker_metrics(broker):
+    async def scenario():
+        async with Queen(broker.url) as q:
+            await q.queue("watched").push([{"data": {"n": i}} for i in range(3)])
+            system = await q.admin.get_system_metrics(interval="hour")
+            assert system["interval"] == "hour" and isinstance(system["series"]["rssBytes"], list)
+            workers = await q.admin.get_worker_metrics(queue="watched")
+            assert isinstance(workers["workers"], list) and "window" in workers
+    run(scenario())
