@@ -274,6 +274,11 @@ fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &bro
         let p = p.clone();
         async move { crate::maintenance::traces::tick(&p, days, batch).await }
     });
+    let (p, batch) = (pool.clone(), config.retention_batch);
+    spawn_service("kv_expiry", config.kv.sweep_interval, stop.subscribe(), move || {
+        let p = p.clone();
+        async move { crate::maintenance::kv_expiry::tick(&p, batch).await }
+    });
     let (p, batch) = (pool.clone(), config.eviction_batch);
     spawn_service("eviction", config.eviction_interval, stop.subscribe(), move || {
         let p = p.clone();

@@ -200,6 +200,16 @@ pub struct Config {
     /// Cadence and batch of the `maxWaitTimeSeconds` eviction service.
     pub eviction_interval: Duration,
     pub eviction_batch: i64,
+    /// KV: the switch, the limits of a call, the expiry sweeper's cadence.
+    pub kv: KvConfig,
+}
+
+/// KV's settings (`QUEEN_KV_*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvConfig {
+    pub enabled: bool,
+    pub limits: crate::kv::KvLimits,
+    pub sweep_interval: Duration,
 }
 
 /// The AES-256 keys of encryption at rest: envelopes are sealed under
@@ -473,6 +483,18 @@ impl Config {
                 .map(Duration::from_millis)?,
             eviction_interval: ms(&["EVICTION_INTERVAL"], 60_000, 100)?,
             eviction_batch: env.parse(&["EVICTION_BATCH_SIZE"], 1000i64, "a batch size of at least 1", |v| *v >= 1)?,
+            kv: KvConfig {
+                enabled: env.boolean(&["QUEEN_KV_ENABLED"], true)?,
+                limits: crate::kv::KvLimits {
+                    max_value_bytes: env.parse(&["QUEEN_KV_MAX_VALUE_BYTES"], 65_536usize, "a byte count from 1 to 16777216", |v| (1..=16 << 20).contains(v))?,
+                    max_key_bytes: env.parse(&["QUEEN_KV_MAX_KEY_BYTES"], 512usize, "a byte count from 1 to 4096", |v| (1..=4096).contains(v))?,
+                    max_ops_per_call: env.parse(&["QUEEN_KV_MAX_OPS_PER_CALL"], 256usize, "a count from 1 to 10000", |v| (1..=10_000).contains(v))?,
+                    max_keys_per_call: env.parse(&["QUEEN_KV_MAX_KEYS_PER_CALL"], 1024usize, "a count from 1 to 100000", |v| (1..=100_000).contains(v))?,
+                    max_read_bytes: env.parse(&["QUEEN_KV_MAX_READ_BYTES"], 4usize << 20, "a byte count of at least 1024", |v| *v >= 1024)?,
+                    max_prefix_limit: env.parse(&["QUEEN_KV_PREFIX_LIMIT"], 1000i64, "a row count from 1 to 100000", |v| (1..=100_000).contains(v))?,
+                },
+                sweep_interval: ms(&["QUEEN_KV_SWEEP_INTERVAL_MS"], 1000, 10)?,
+            },
             limits: Limits {
                 max_connections: env.parse(&["QUEEN_MAX_CONNECTIONS"], 10_000usize, "a connection count of at least 1", |v| *v >= 1)?,
                 header_timeout: ms(&["QUEEN_HEADER_TIMEOUT_MS"], 10_000, 10)?,
@@ -504,6 +526,14 @@ impl Config {
         ("DB_IDLE_TIMEOUT", "30000", "ms after which an unused pooled connection is closed"),
         ("QUEEN_STMT_TIMEOUT_MS (alias DB_STATEMENT_TIMEOUT)", "30000", "statement timeout in ms (0 = none)"),
         ("QUEEN_MAX_BODY_BYTES", "67108864", "largest request body; larger answers 413"),
+        ("QUEEN_KV_ENABLED", "true", "serve KV; false answers every KV route 503 kv_disabled"),
+        ("QUEEN_KV_MAX_VALUE_BYTES", "65536", "largest KV value, as JSON text; larger answers 413 kv_value_too_large"),
+        ("QUEEN_KV_MAX_KEY_BYTES", "512", "longest KV key (namespaces: 128 bytes of A-Z a-z 0-9 . _ : -)"),
+        ("QUEEN_KV_MAX_OPS_PER_CALL", "256", "most operations in one KV call"),
+        ("QUEEN_KV_MAX_KEYS_PER_CALL", "1024", "most keys in one getMany"),
+        ("QUEEN_KV_MAX_READ_BYTES", "4194304", "bytes of keys and values one getMany or getPrefix answers before it says truncated"),
+        ("QUEEN_KV_PREFIX_LIMIT", "1000", "ceiling a getPrefix limit is clamped to"),
+        ("QUEEN_KV_SWEEP_INTERVAL_MS", "1000", "ms between passes of the sweeper that reclaims expired keys (they are invisible from the moment they expire)"),
         ("QUEEN_APPLY_SCHEMA", "true", "apply pending migrations at boot"),
         ("LOG_LEVEL (or RUST_LOG)", "info", "log filter (tracing EnvFilter syntax)"),
         ("QUEEN_LOG_JSON", "false", "log as JSON lines"),
@@ -545,7 +575,7 @@ impl Config {
         ("QUEEN_BODY_TIMEOUT_MS", "30000", "ms a request has to send its body (408 after)"),
         ("QUEEN_MAX_INFLIGHT_PUSH", "4096", "in-flight pushes; over it: 503 overloaded"),
         ("QUEEN_MAX_INFLIGHT_POP", "10000", "in-flight pops and fetches, parked long-polls included"),
-        ("QUEEN_MAX_INFLIGHT_ACK", "4096", "in-flight acks, transactions, lease extensions and trace writes"),
+        ("QUEEN_MAX_INFLIGHT_ACK", "4096", "in-flight acks, transactions, lease extensions, trace writes and KV calls"),
         ("QUEEN_MAX_INFLIGHT_ADMIN", "256", "in-flight requests of every other /api route"),
         ("JWT_ENABLED", "false", "require a JWT on every non-public route"),
         ("JWT_ALGORITHM", "HS256", "HS256|HS384|HS512|RS256|RS384|RS512|EdDSA|auto"),

@@ -4,7 +4,8 @@
 //! surface; `push` the write path, `pop` the claim path and `ack` the commit
 //! path, with `registry` the leased batches those two share; `admin` and
 //! `maintenance` the operator routes and the background services; `reads`
-//! the lease-free reads of the log (partition discovery); `log` the
+//! the lease-free reads of the log (fetch, partition discovery, traces,
+//! analytics); `kv` the namespaced keys beside the log; `log` the
 //! pure byte formats; `crypto` the envelope of encrypted payloads and the
 //! key ring; `db` the pool, claim permits and migrations;
 //! `embedded_pg` the private cluster used when no database is configured,
@@ -21,6 +22,7 @@ pub mod db;
 pub mod embedded_pg;
 pub mod http;
 pub mod json;
+pub mod kv;
 pub mod log;
 pub mod maintenance;
 pub mod metrics;

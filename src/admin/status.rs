@@ -132,13 +132,16 @@ async fn group_lag(client: &deadpool_postgres::Client, queue_id: i64) -> Result<
         .collect())
 }
 
+/// How many queues the scope's filters match.
+pub(crate) async fn queues_in_scope(client: &deadpool_postgres::Client, s: &Scope) -> Result<i64, DbError> {
+    let q = format!("SELECT count(*) FROM queen.queues q WHERE {QUEUE_FILTER}");
+    Ok(client.query_one(&q, &[&s.queue, &s.namespace, &s.task]).await?.get(0))
+}
+
 /// `GET /api/v1/status/queues`
 pub async fn queues(pool: &Pool, s: &Scope, limit: i64, offset: i64) -> Result<Value, DbError> {
     let client = pool.get().await?;
-    let total: i64 = client
-        .query_one(&format!("SELECT count(*) FROM queen.queues q WHERE {QUEUE_FILTER}"), &[&s.queue, &s.namespace, &s.task])
-        .await?
-        .get(0);
+    let total = queues_in_scope(&client, s).await?;
     let rows = client
         .query(
             &format!(

@@ -43,6 +43,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(7, "0007_encryption_and_eviction.sql"),
     migration!(8, "0008_traces.sql"),
     migration!(9, "0009_broker_samples.sql"),
+    migration!(10, "0010_kv.sql"),
 ];
 
 /// The first migration of the development history squashed into the

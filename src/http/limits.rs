@@ -42,9 +42,10 @@ impl InFlight {
         } else if path.starts_with("/api/v1/ack")
             || path.starts_with("/api/v1/lease/")
             || path == "/api/v1/transaction"
-            || (method == Method::POST && path == "/api/v1/traces")
+            || (method == Method::POST && (path == "/api/v1/traces" || path == "/api/v1/kv"))
         {
-            // A consume loop's per-message calls; a trace is one of them.
+            // A consume loop's per-message calls: traces and KV calls are
+            // among them.
             ("ack", &self.ack)
         } else {
             ("admin", &self.admin)

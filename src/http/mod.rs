@@ -9,6 +9,7 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod health;
+pub mod kv;
 pub mod limits;
 pub mod messages;
 pub mod metrics;
@@ -156,6 +157,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/traces/names", get(reads::trace_names))
         .route("/api/v1/traces/by-name/{name}", get(reads::traces_by_name))
         .route("/api/v1/traces/{partition_id}/{transaction_id}", get(reads::traces_for_message))
+        .route("/api/v1/kv", post(kv::batch))
+        .route("/api/v1/kv/{ns}/{*key}", get(kv::get_key).put(kv::put_key).delete(kv::delete_key))
+        .route("/api/v1/resources/kv/namespaces", get(kv::namespaces))
+        .route("/api/v1/resources/kv/list", post(kv::list))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)

@@ -1,7 +1,7 @@
 //! Background services, one file each: retention, the dedup-window purge of
 //! the transaction index, the `maxWaitTimeSeconds` eviction, the log's
 //! Prometheus gauges, empty-partition cleanup, the metrics sampler, the
-//! trace sweeper, and
+//! trace sweeper, the KV expiry sweeper, and
 //! the planner statistics of the partition table, which grows in jumps. Each
 //! runs on its own cadence until the shutdown signal, does bounded work per
 //! tick, and treats a failed tick as a skipped one (the next tick retries).
@@ -11,6 +11,7 @@ pub mod dedup_purge;
 pub mod eviction;
 pub mod gauges;
 pub mod index_entries;
+pub mod kv_expiry;
 pub mod metrics_sampler;
 pub mod partition_cleanup;
 pub mod retention;

@@ -19,7 +19,7 @@ use deadpool_postgres::Pool;
 use serde_json::{json, Map, Value};
 
 use crate::admin::iso_ms;
-use crate::admin::status::{throughput, traffic, Scope, PARTITION_PENDING, QUEUE_FILTER};
+use crate::admin::status::{queues_in_scope, throughput, traffic, Scope, PARTITION_PENDING, QUEUE_FILTER};
 use crate::db::DbError;
 
 /// A time bucket of the series: `date_trunc`'s unit.
@@ -352,10 +352,7 @@ fn workload_json(mut head: Value, v: [i64; 6], pushed: i64, acked: i64, secs: f6
 /// segments and stored bytes, the oldest message, dead letters.
 pub async fn retention(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbError> {
     let client = pool.get().await?;
-    let total: i64 = client
-        .query_one(&format!("SELECT count(*) FROM queen.queues q WHERE {QUEUE_FILTER}"), &[&s.queue, &s.namespace, &s.task])
-        .await?
-        .get(0);
+    let total = queues_in_scope(&client, s).await?;
     let rows = client
         .query(
             &format!(

@@ -80,3 +80,34 @@ def test_the_admin_reads_system_and_worker_metrics(broker):
             workers = await q.admin.get_worker_metrics(queue="watched")
             assert isinstance(workers["workers"], list) and "window" in workers
     run(scenario())
+
+
+def test_the_kv_client_reads_writes_fences_and_counts(broker):
+    async def scenario():
+        async with Queen(broker.url) as q:
+            put = await q.kv.put("app", "cfg", {"mode": "a"}, ttl_seconds=60)
+            assert put and put["applied"] is True and put["version"] > 0
+            got = await q.kv.get("app", "cfg")
+            assert got and got["value"] == {"mode": "a"} and got["version"] == put["version"]
+            assert not await q.kv.get("app", "missing")
+            stale = await q.kv.put("app", "cfg", {"mode": "b"}, forever=True, expect=put["version"] + 1000)
+            assert not stale and stale["reason"] == "version" and stale["value"] == {"mode": "a"}
+            assert not await q.kv.put_if_absent("app", "cfg", 1, forever=True)
+            for i in range(5):
+                await q.kv.incr("app", "hits", delta=2, forever=True)
+            assert (await q.kv.get("app", "hits"))["value"] == 10
+            capped = await q.kv.incr("app", "hits", delta=1, max=10, forever=True)
+            assert not capped and capped["reason"] == "limit"
+            for k in ("u:1", "u:2", "u:3"):
+                await q.kv.put("app", k, k, forever=True)
+            rows = await q.kv.list_all("app", "u:", limit=2)
+            assert [r["key"] for r in rows] == ["u:1", "u:2", "u:3"]
+            many = await q.kv.get_many("app", ["u:1", "nope"])
+            assert [r["key"] for r in many["rows"]] == ["u:1"] and many["missing"] == ["nope"]
+            assert await q.kv.check("app", "cfg", expect=got["version"])
+            assert await q.kv.delete("app", "cfg")
+            results = await q.kv.batch([q.kv.op.put("app", "x", 1, forever=True),
+                                        q.kv.op.check("app", "lockless", expect=7, required=True)])
+            assert [bool(r) for r in results] == [False, False]
+            assert not await q.kv.get("app", "x"), "the required check rolled the put back"
+    run(scenario())

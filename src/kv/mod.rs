@@ -1,0 +1,247 @@
+//! KV (issue 29 §1, API.md §2.10): namespaced keys holding JSON values,
+//! stored in PostgreSQL beside the log (migrations/0010_kv.sql), so every
+//! broker on the database sees one truth and a transaction can carry KV
+//! operations with its acks and pushes.
+//!
+//! A call is a list of operations applied in order in one PostgreSQL
+//! transaction. Each write's verdict is computed by one statement under
+//! the row's lock (`queen.kv_put_v1` and friends), so concurrent writers are
+//! ordered: of N concurrent `putIfAbsent`, exactly one applies. A lost
+//! verdict is an answer (`applied: false` with a `reason` and the key's
+//! current value and version), not an error; with `required: true` it fails
+//! the whole call, which then changes nothing.
+//!
+//! Parsing is separate from running ([`parse`], then [`run`]) so that the
+//! transaction route can validate its riders before it opens a transaction.
+
+pub mod ops;
+
+use deadpool_postgres::Pool;
+use serde_json::{json, Map, Value};
+use deadpool_postgres::GenericClient;
+
+use crate::admin::iso_ms;
+use crate::db::DbError;
+pub use ops::{parse, KvError, KvLimits, Op};
+
+/// The answer of a call.
+#[derive(Debug)]
+pub struct Outcome {
+    /// One result per operation, index-aligned.
+    pub results: Vec<Value>,
+    /// The index of a `required` operation whose verdict was lost: the call
+    /// was rolled back.
+    pub failed: Option<usize>,
+}
+
+/// Runs a parsed call in its own transaction.
+pub async fn run_call(pool: &Pool, operations: &[Op], limits: &KvLimits) -> Result<Outcome, DbError> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let outcome = run(&tx, operations, limits).await?;
+    if outcome.failed.is_none() {
+        tx.commit().await?;
+    }
+    Ok(outcome)
+}
+
+/// Applies `operations` in order inside the caller's transaction. When a
+/// `required` verdict is lost it stops there: the caller must roll back
+/// (the results then say which writes were undone).
+pub async fn run<C: GenericClient>(client: &C, operations: &[Op], limits: &KvLimits) -> Result<Outcome, DbError> {
+    let mut results = Vec::with_capacity(operations.len());
+    for (i, op) in operations.iter().enumerate() {
+        let result = apply(client, op, limits).await?;
+        let lost = op.is_required() && result.get("applied") == Some(&Value::Bool(false));
+        results.push(result);
+        if lost {
+            return Ok(Outcome { results: rolled_back(results, operations, i), failed: Some(i) });
+        }
+    }
+    Ok(Outcome { results, failed: None })
+}
+
+/// The results of a call stopped at `failed`: writes before it were
+/// undone, operations after it never ran.
+fn rolled_back(mut results: Vec<Value>, operations: &[Op], failed: usize) -> Vec<Value> {
+    for (r, op) in results.iter_mut().zip(operations).take(failed) {
+        if op.is_write() && r.get("applied") == Some(&Value::Bool(true)) {
+            *r = json!({"applied": false, "reason": "rolled_back", "key": r["key"]});
+        }
+    }
+    for op in &operations[failed + 1..] {
+        results.push(json!({"applied": false, "reason": "not_run", "key": op.key()}));
+    }
+    results
+}
+
+/// A stored JSON value, as text from the database.
+fn value_of(text: Option<String>) -> Value {
+    text.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or(Value::Null)
+}
+
+fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> Value {
+    t.map(iso_ms).map(Value::String).unwrap_or(Value::Null)
+}
+
+/// A row as a read shows it.
+fn row_json(r: &tokio_postgres::Row, keys_only: bool) -> Value {
+    let mut m = Map::new();
+    m.insert("key".into(), json!(r.get::<_, String>(0)));
+    if !keys_only {
+        m.insert("value".into(), value_of(r.get(1)));
+    }
+    m.insert("version".into(), json!(r.get::<_, i64>(2)));
+    m.insert("expiresAt".into(), time(r.get(3)));
+    m.insert("updatedAt".into(), time(r.get(4)));
+    Value::Object(m)
+}
+
+const LIVE: &str = "(expires_at IS NULL OR expires_at > now())";
+
+async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Result<Value, DbError> {
+    let write_json = |key: &str, r: tokio_postgres::Row| -> Value {
+        let mut m = Map::new();
+        m.insert("applied".into(), json!(r.get::<_, Option<bool>>(0).unwrap_or(false)));
+        if let Some(reason) = r.get::<_, Option<String>>(1) {
+            m.insert("reason".into(), json!(reason));
+        }
+        m.insert("key".into(), json!(key));
+        m.insert("value".into(), value_of(r.get(2)));
+        m.insert("version".into(), json!(r.get::<_, Option<i64>>(3)));
+        m.insert("expiresAt".into(), time(r.get(4)));
+        m.insert("updatedAt".into(), time(r.get(5)));
+        Value::Object(m)
+    };
+    Ok(match op {
+        Op::Get { ns, key } => {
+            let row = client
+                .query_opt(&format!("SELECT key, value::text, version, expires_at, updated_at FROM queen.kv WHERE ns = $1 AND key = $2 AND {LIVE}"), &[ns, key])
+                .await?;
+            match row {
+                Some(r) => {
+                    let mut v = row_json(&r, false);
+                    v["found"] = json!(true);
+                    v
+                }
+                None => json!({"found": false, "key": key}),
+            }
+        }
+        Op::GetMany { ns, keys } => {
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT key, value::text, version, expires_at, updated_at FROM queen.kv
+                         WHERE ns = $1 AND key = ANY($2) AND {LIVE}"
+                    ),
+                    &[ns, keys],
+                )
+                .await?;
+            let mut found: std::collections::HashMap<String, &tokio_postgres::Row> = rows.iter().map(|r| (r.get(0), r)).collect();
+            let (mut out, mut missing, mut bytes, mut truncated) = (Vec::new(), Vec::new(), 0usize, false);
+            for k in keys {
+                match found.remove(k) {
+                    Some(r) => {
+                        let size = r.get::<_, Option<&str>>(1).map_or(0, str::len) + k.len();
+                        if bytes + size > limits.max_read_bytes && !out.is_empty() {
+                            truncated = true;
+                            continue;
+                        }
+                        bytes += size;
+                        out.push(row_json(r, false));
+                    }
+                    None => missing.push(json!(k)),
+                }
+            }
+            json!({"rows": out, "missing": missing, "truncated": truncated})
+        }
+        Op::GetPrefix { ns, prefix, after, limit, keys_only } => {
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT key, CASE WHEN $5 THEN NULL ELSE value::text END, version, expires_at, updated_at FROM queen.kv
+                         WHERE ns = $1 AND starts_with(key, $2) AND ($3::text IS NULL OR key > $3) AND {LIVE}
+                         ORDER BY key LIMIT $4"
+                    ),
+                    &[ns, prefix, after, &(limit + 1), keys_only],
+                )
+                .await?;
+            let (mut out, mut bytes, mut truncated) = (Vec::new(), 0usize, rows.len() as i64 > *limit);
+            for r in rows.iter().take(*limit as usize) {
+                let size = r.get::<_, Option<&str>>(1).map_or(0, str::len) + r.get::<_, &str>(0).len();
+                if bytes + size > limits.max_read_bytes && !out.is_empty() {
+                    truncated = true;
+                    break;
+                }
+                bytes += size;
+                out.push(row_json(r, *keys_only));
+            }
+            let next = if truncated { out.last().map(|r| r["key"].clone()).unwrap_or(Value::Null) } else { Value::Null };
+            json!({"rows": out, "truncated": truncated, "nextAfter": next})
+        }
+        Op::Put { ns, key, value, ttl, expect, .. } => {
+            let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_put_v1($1, $2, $3::text::jsonb, $4, $5)";
+            write_json(key, client.query_one(sql, &[ns, key, value, ttl, expect]).await?)
+        }
+        Op::Delete { ns, key, expect, .. } => {
+            let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_delete_v1($1, $2, $3)";
+            write_json(key, client.query_one(sql, &[ns, key, expect]).await?)
+        }
+        Op::Check { ns, key, expect, .. } => {
+            let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_check_v1($1, $2, $3)";
+            write_json(key, client.query_one(sql, &[ns, key, expect]).await?)
+        }
+        Op::Incr { ns, key, delta, min, max, ttl, .. } => {
+            let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at
+                       FROM queen.kv_incr_v1($1, $2, $3::text::numeric, $4::text::numeric, $5::text::numeric, $6)";
+            write_json(key, client.query_one(sql, &[ns, key, delta, min, max, ttl]).await?)
+        }
+    })
+}
+
+/// `GET /api/v1/resources/kv/namespaces`: every namespace with its live
+/// keys and their stored bytes.
+pub async fn namespaces(pool: &Pool) -> Result<Value, DbError> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT ns, count(*)::bigint, COALESCE(sum(pg_column_size(value)), 0)::bigint, max(updated_at)
+                 FROM queen.kv WHERE {LIVE} GROUP BY ns ORDER BY ns"
+            ),
+            &[],
+        )
+        .await?;
+    let namespaces: Vec<Value> = rows
+        .iter()
+        .map(|r| json!({"ns": r.get::<_, String>(0), "keys": r.get::<_, i64>(1), "bytes": r.get::<_, i64>(2), "lastUpdatedAt": time(r.get(3))}))
+        .collect();
+    Ok(json!({"namespaces": namespaces}))
+}
+
+/// `POST /api/v1/resources/kv/list`: a namespace's keys (no values), by
+/// key order, a page at a time.
+pub async fn list(pool: &Pool, ns: &str, prefix: &str, after: Option<&str>, limit: i64) -> Result<Value, DbError> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT key, pg_column_size(value)::bigint, version, expires_at, updated_at FROM queen.kv
+                 WHERE ns = $1 AND starts_with(key, $2) AND ($3::text IS NULL OR key > $3) AND {LIVE}
+                 ORDER BY key LIMIT $4"
+            ),
+            &[&ns, &prefix, &after, &(limit + 1)],
+        )
+        .await?;
+    let truncated = rows.len() as i64 > limit;
+    let keys: Vec<Value> = rows
+        .iter()
+        .take(limit as usize)
+        .map(|r| {
+            json!({"key": r.get::<_, String>(0), "bytes": r.get::<_, i64>(1), "version": r.get::<_, i64>(2),
+                   "expiresAt": time(r.get(3)), "updatedAt": time(r.get(4))})
+        })
+        .collect();
+    let next = if truncated { keys.last().map(|k| k["key"].clone()).unwrap_or(Value::Null) } else { Value::Null };
+    Ok(json!({"ns": ns, "keys": keys, "truncated": truncated, "nextAfter": next}))
+}

@@ -1,0 +1,271 @@
+//! KV (issue 29 §1): the operations and their verdicts, expiry, `required`,
+//! concurrent writers, the limits and errors, the per-key and console
+//! routes, two brokers on one database, and a crash in the middle of
+//! multi-operation calls.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, Broker};
+use serde_json::{json, Value};
+
+async fn kv(b: &Broker, ops: Value) -> Value {
+    let (status, r) = b.post("/api/v1/kv", json!({ "operations": ops })).await;
+    assert_eq!(status, 200, "{r}");
+    r
+}
+
+async fn one(b: &Broker, op: Value) -> Value {
+    kv(b, json!([op])).await["results"][0].clone()
+}
+
+#[tokio::test]
+async fn reads_and_writes_answer_their_verdicts_with_versions_that_only_grow() {
+    let b = Broker::start().await;
+    let w = one(&b, json!({"op": "put", "ns": "app", "key": "cfg", "value": {"mode": "a"}, "forever": true})).await;
+    assert_eq!((w["applied"].clone(), w["value"].clone(), w["expiresAt"].clone()), (json!(true), json!({"mode": "a"}), Value::Null));
+    let v1 = w["version"].as_i64().unwrap();
+    let g = one(&b, json!({"op": "get", "ns": "app", "key": "cfg"})).await;
+    assert_eq!((g["found"].clone(), g["value"].clone(), g["version"].clone()), (json!(true), json!({"mode": "a"}), json!(v1)));
+    assert!(g["updatedAt"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(one(&b, json!({"op": "get", "ns": "app", "key": "nope"})).await, json!({"found": false, "key": "nope"}));
+
+    // A fenced write: the right version applies, a stale one does not and
+    // answers the current value and version.
+    let w2 = one(&b, json!({"op": "put", "ns": "app", "key": "cfg", "value": {"mode": "b"}, "forever": true, "expect": v1})).await;
+    assert_eq!(w2["applied"], true);
+    let v2 = w2["version"].as_i64().unwrap();
+    assert!(v2 > v1);
+    let stale = one(&b, json!({"op": "put", "ns": "app", "key": "cfg", "value": {"mode": "c"}, "forever": true, "expect": v1})).await;
+    assert_eq!((stale["applied"].clone(), stale["reason"].clone(), stale["value"].clone(), stale["version"].clone()),
+               (json!(false), json!("version"), json!({"mode": "b"}), json!(v2)));
+    let absent = one(&b, json!({"op": "put", "ns": "app", "key": "ghost", "value": 1, "forever": true, "expect": 5})).await;
+    assert_eq!((absent["applied"].clone(), absent["reason"].clone()), (json!(false), json!("absent")), "expect N creates nothing");
+    let lost = one(&b, json!({"op": "putIfAbsent", "ns": "app", "key": "cfg", "value": 0, "forever": true})).await;
+    assert_eq!((lost["applied"].clone(), lost["reason"].clone(), lost["version"].clone()), (json!(false), json!("exists"), json!(v2)));
+
+    // check writes nothing; delete with and without expect.
+    let c = one(&b, json!({"op": "check", "ns": "app", "key": "cfg", "expect": v2})).await;
+    assert_eq!((c["applied"].clone(), c["version"].clone()), (json!(true), json!(v2)));
+    let c0 = one(&b, json!({"op": "check", "ns": "app", "key": "ghost", "expect": 0})).await;
+    assert_eq!(c0["applied"], true, "expect 0: must not exist");
+    let d = one(&b, json!({"op": "delete", "ns": "app", "key": "cfg", "expect": v1})).await;
+    assert_eq!((d["applied"].clone(), d["reason"].clone()), (json!(false), json!("version")));
+    assert_eq!(one(&b, json!({"op": "delete", "ns": "app", "key": "cfg"})).await["applied"], true);
+    assert_eq!(one(&b, json!({"op": "delete", "ns": "app", "key": "cfg"})).await["reason"], "absent");
+    // Re-created, it gets a version no earlier row had: no ABA.
+    let again = one(&b, json!({"op": "putIfAbsent", "ns": "app", "key": "cfg", "value": 1, "forever": true})).await;
+    assert!(again["version"].as_i64().unwrap() > v2);
+
+    // getMany and getPrefix, paged.
+    for k in ["u:1", "u:2", "u:3", "v:1"] {
+        one(&b, json!({"op": "put", "ns": "app", "key": k, "value": {"k": k}, "ttlSeconds": 3600})).await;
+    }
+    let many = one(&b, json!({"op": "getMany", "ns": "app", "keys": ["u:2", "zz", "u:1"]})).await;
+    let keys: Vec<&str> = many["rows"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!((keys, many["missing"].clone(), many["truncated"].clone()), (vec!["u:2", "u:1"], json!(["zz"]), json!(false)));
+    let p1 = one(&b, json!({"op": "getPrefix", "ns": "app", "prefix": "u:", "limit": 2})).await;
+    let keys: Vec<&str> = p1["rows"].as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!((keys, p1["truncated"].clone(), p1["nextAfter"].clone()), (vec!["u:1", "u:2"], json!(true), json!("u:2")));
+    let p2 = one(&b, json!({"op": "getPrefix", "ns": "app", "prefix": "u:", "limit": 2, "after": "u:2", "keysOnly": true})).await;
+    assert_eq!((p2["rows"].as_array().unwrap().len(), p2["truncated"].clone(), p2["nextAfter"].clone()), (1, json!(false), Value::Null));
+    assert_eq!(p2["rows"][0]["key"], "u:3");
+    assert!(p2["rows"][0].get("value").is_none(), "keysOnly");
+    assert!(p1["rows"][0]["expiresAt"].as_str().is_some());
+}
+
+#[tokio::test]
+async fn incr_counts_refuses_past_its_bounds_and_keeps_its_window() {
+    let b = Broker::start().await;
+    let mut last = Value::Null;
+    for _ in 0..3 {
+        last = one(&b, json!({"op": "incr", "ns": "rate", "key": "acme", "delta": 1, "max": 3, "ttlSeconds": 2})).await;
+        assert_eq!(last["applied"], true, "{last}");
+    }
+    assert_eq!(last["value"], 3);
+    let window = last["expiresAt"].clone();
+    let refused = one(&b, json!({"op": "incr", "ns": "rate", "key": "acme", "delta": 1, "max": 3, "ttlSeconds": 2})).await;
+    assert_eq!((refused["applied"].clone(), refused["reason"].clone(), refused["value"].clone()), (json!(false), json!("limit"), json!(3)));
+    assert_eq!(refused["expiresAt"], window, "the TTL is create-only");
+    let down = one(&b, json!({"op": "incr", "ns": "rate", "key": "acme", "delta": -5, "min": 0, "forever": true})).await;
+    assert_eq!(down["reason"], "limit");
+    let frac = one(&b, json!({"op": "incr", "ns": "rate", "key": "f", "delta": 0.5, "forever": true})).await;
+    assert_eq!(frac["value"], 0.5);
+    one(&b, json!({"op": "put", "ns": "rate", "key": "word", "value": "ten", "forever": true})).await;
+    assert_eq!(one(&b, json!({"op": "incr", "ns": "rate", "key": "word", "forever": true})).await["reason"], "type");
+    // The window closes: the expired counter starts again from zero.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let fresh = one(&b, json!({"op": "incr", "ns": "rate", "key": "acme", "delta": 1, "max": 3, "ttlSeconds": 2})).await;
+    assert_eq!((fresh["applied"].clone(), fresh["value"].clone()), (json!(true), json!(1)));
+}
+
+#[tokio::test]
+async fn an_expired_key_is_gone_at_once_and_the_sweeper_reclaims_it() {
+    let b = Broker::start_with(&[("QUEEN_KV_SWEEP_INTERVAL_MS", "100")]).await;
+    one(&b, json!({"op": "put", "ns": "s", "key": "brief", "value": 1, "ttlSeconds": 1})).await;
+    one(&b, json!({"op": "put", "ns": "s", "key": "stays", "value": 2, "forever": true})).await;
+    assert_eq!(one(&b, json!({"op": "get", "ns": "s", "key": "brief"})).await["found"], true);
+    let sql = b.sql().await;
+    // Stop the sweeper's view from mattering: the read alone decides.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(one(&b, json!({"op": "get", "ns": "s", "key": "brief"})).await["found"], false);
+    let prefix = one(&b, json!({"op": "getPrefix", "ns": "s", "prefix": "b"})).await;
+    assert_eq!(prefix["rows"], json!([]));
+    eventually("the sweeper removes the expired row", Duration::from_secs(5), || async {
+        sql.query_one("SELECT count(*) FROM queen.kv WHERE ns = 's'", &[]).await.unwrap().get::<_, i64>(0) == 1
+    })
+    .await;
+    let won = one(&b, json!({"op": "putIfAbsent", "ns": "s", "key": "brief", "value": 3, "ttlSeconds": 60})).await;
+    assert_eq!(won["applied"], true);
+}
+
+#[tokio::test]
+async fn a_lost_required_verdict_rolls_the_whole_call_back() {
+    let b = Broker::start().await;
+    one(&b, json!({"op": "put", "ns": "r", "key": "lock", "value": "me", "forever": true})).await;
+    let (status, r) = b
+        .post("/api/v1/kv", json!({"operations": [
+            {"op": "put", "ns": "r", "key": "a", "value": 1, "forever": true},
+            {"op": "incr", "ns": "r", "key": "n", "forever": true},
+            {"op": "check", "ns": "r", "key": "lock", "expect": 999, "required": true},
+            {"op": "put", "ns": "r", "key": "b", "value": 2, "forever": true}]}))
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!((r["success"].clone(), r["reason"].clone(), r["failedIndex"].clone(), r["kvReason"].clone()),
+               (json!(false), json!("kv_precondition"), json!(2), json!("version")));
+    assert_eq!(r["value"], "me");
+    let reasons: Vec<Value> = r["results"].as_array().unwrap().iter().map(|x| x["reason"].clone()).collect();
+    assert_eq!(reasons, [json!("rolled_back"), json!("rolled_back"), json!("version"), json!("not_run")]);
+    for k in ["a", "n", "b"] {
+        assert_eq!(one(&b, json!({"op": "get", "ns": "r", "key": k})).await["found"], false, "{k} was rolled back");
+    }
+    // The same call with the right version commits all four.
+    let v = one(&b, json!({"op": "get", "ns": "r", "key": "lock"})).await["version"].clone();
+    let ok = kv(&b, json!([{"op": "put", "ns": "r", "key": "a", "value": 1, "forever": true},
+                          {"op": "check", "ns": "r", "key": "lock", "expect": v, "required": true}])).await;
+    assert_eq!(ok["success"], true);
+    assert_eq!(one(&b, json!({"op": "get", "ns": "r", "key": "a"})).await["found"], true);
+}
+
+#[tokio::test]
+async fn concurrent_writers_are_ordered_across_two_brokers() {
+    let a = Broker::start().await;
+    let b = a.peer().await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let (http, url) = if i % 2 == 0 { (a.http.clone(), a.url.clone()) } else { (b.http.clone(), b.url.clone()) };
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"operations": [
+                {"op": "putIfAbsent", "ns": "c", "key": "leader", "value": i, "ttlSeconds": 60},
+                {"op": "incr", "ns": "c", "key": "count", "forever": true}]});
+            let r: Value = http.post(format!("{url}/api/v1/kv")).json(&body).send().await.unwrap().json().await.unwrap();
+            r["results"][0]["applied"].as_bool().unwrap()
+        }));
+    }
+    let mut winners = 0;
+    for t in tasks {
+        winners += t.await.unwrap() as i32;
+    }
+    assert_eq!(winners, 1, "exactly one putIfAbsent applies");
+    assert_eq!(one(&b, json!({"op": "get", "ns": "c", "key": "count"})).await["value"], 40);
+    let leader = one(&a, json!({"op": "get", "ns": "c", "key": "leader"})).await;
+    assert_eq!(one(&b, json!({"op": "get", "ns": "c", "key": "leader"})).await, leader, "both brokers read one truth");
+}
+
+#[tokio::test]
+async fn bad_calls_are_refused_whole_with_the_kv_envelope() {
+    let b = Broker::start().await;
+    let (status, r) = b
+        .post("/api/v1/kv", json!({"operations": [
+            {"op": "put", "ns": "e", "key": "ok", "value": 1, "forever": true},
+            {"op": "put", "ns": "e", "key": "k", "value": 1}]}))
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!((r["error"].clone(), r["reason"].clone()), (json!("kv_bad_request"), json!("kv_expiry_not_specified")));
+    assert_eq!(r["detail"], "operations[1]: exactly one of ttlSeconds and forever:true is required");
+    assert_eq!(one(&b, json!({"op": "get", "ns": "e", "key": "ok"})).await["found"], false, "nothing of a refused call ran");
+    let (status, r) = b.post("/api/v1/kv", json!({"operations": [{"op": "put", "ns": "e", "key": "k", "value": "x".repeat(70_000), "forever": true}]})).await;
+    assert_eq!((status, r["error"].clone()), (413, json!("kv_value_too_large")));
+    let (status, r) = b.post("/api/v1/kv", json!({"nothing": true})).await;
+    assert_eq!((status, r["reason"].clone()), (400, json!("invalid_body")));
+    let (status, r) = b.post("/api/v1/kv", json!([{"op": "get", "ns": "bad ns!", "key": "k"}])).await;
+    assert_eq!((status, r["reason"].clone()), (400, json!("invalid_namespace")));
+    let raw = b.http.post(format!("{}/api/v1/kv", b.url)).header("content-type", "application/json").body("{oops").send().await.unwrap();
+    assert_eq!(raw.status().as_u16(), 400);
+    assert_eq!(raw.json::<Value>().await.unwrap()["error"], "kv_bad_request");
+
+    let off = Broker::start_with(&[("QUEEN_KV_ENABLED", "false")]).await;
+    let r = off.http.post(format!("{}/api/v1/kv", off.url)).json(&json!({"operations": []})).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string())), (503, Some("1".into())));
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "kv_disabled");
+}
+
+#[tokio::test]
+async fn the_per_key_routes_and_the_console_reads() {
+    let b = Broker::start().await;
+    let put = b.http.put(format!("{}/api/v1/kv/cfg/feature/flags/dark", b.url)).json(&json!({"value": true, "forever": true})).send().await.unwrap();
+    assert_eq!(put.status().as_u16(), 200);
+    let v = put.json::<Value>().await.unwrap();
+    assert_eq!((v["applied"].clone(), v["key"].clone()), (json!(true), json!("feature/flags/dark")), "the key may hold slashes");
+    let (status, got) = b.get("/api/v1/kv/cfg/feature/flags/dark").await;
+    assert_eq!((status, got["value"].clone()), (200, json!(true)));
+    assert_eq!(b.get("/api/v1/kv/cfg/missing").await, (404, json!({"found": false, "key": "missing"})));
+    let bad = b.http.put(format!("{}/api/v1/kv/cfg/k", b.url)).json(&json!({"value": 1})).send().await.unwrap();
+    assert_eq!(bad.status().as_u16(), 400);
+    for k in ["a", "b", "c"] {
+        one(&b, json!({"op": "put", "ns": "cfg", "key": k, "value": k, "forever": true})).await;
+    }
+    let (_, ns) = b.get("/api/v1/resources/kv/namespaces").await;
+    assert_eq!((ns["namespaces"][0]["ns"].clone(), ns["namespaces"][0]["keys"].clone()), (json!("cfg"), json!(4)));
+    let (status, page) = b.post("/api/v1/resources/kv/list", json!({"ns": "cfg", "limit": 2})).await;
+    assert_eq!(status, 200, "{page}");
+    let keys: Vec<&str> = page["keys"].as_array().unwrap().iter().map(|k| k["key"].as_str().unwrap()).collect();
+    assert_eq!((keys, page["nextAfter"].clone()), (vec!["a", "b"], json!("b")));
+    let (_, rest) = b.post("/api/v1/resources/kv/list", json!({"ns": "cfg", "after": "b"})).await;
+    assert_eq!(rest["keys"].as_array().unwrap().len(), 2);
+    assert_eq!(b.post("/api/v1/resources/kv/list", json!({})).await.0, 400);
+    let del = b.http.delete(format!("{}/api/v1/kv/cfg/a?expect=1", b.url)).send().await.unwrap().json::<Value>().await.unwrap();
+    assert_eq!((del["applied"].clone(), del["reason"].clone()), (json!(false), json!("version")));
+    let del = b.http.delete(format!("{}/api/v1/kv/cfg/a", b.url)).send().await.unwrap().json::<Value>().await.unwrap();
+    assert_eq!(del["applied"], true);
+}
+
+#[tokio::test]
+async fn a_broker_killed_mid_call_leaves_every_call_whole_or_absent() {
+    let mut b = Broker::start().await;
+    let answered = std::sync::Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let (http, url, answered) = (b.http.clone(), b.url.clone(), answered.clone());
+        tasks.push(tokio::spawn(async move {
+            // Each call: a counter and a log row, both or neither.
+            let body = json!({"operations": [
+                {"op": "incr", "ns": "crash", "key": "count", "forever": true},
+                {"op": "put", "ns": "crash", "key": format!("log:{i}"), "value": i, "forever": true}]});
+            if let Ok(r) = http.post(format!("{url}/api/v1/kv")).json(&body).send().await {
+                if r.status().as_u16() == 200 && r.json::<Value>().await.is_ok_and(|v| v["success"] == true) {
+                    answered.lock().unwrap().push(i);
+                }
+            }
+        }));
+    }
+    eventually("some calls are answered", Duration::from_secs(20), || {
+        let answered = answered.clone();
+        async move { answered.lock().unwrap().len() >= 50 }
+    })
+    .await;
+    b.kill();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let sql = b.sql().await;
+    let logs: i64 = sql.query_one("SELECT count(*) FROM queen.kv WHERE ns = 'crash' AND key LIKE 'log:%'", &[]).await.unwrap().get(0);
+    let count: String = sql.query_one("SELECT value::text FROM queen.kv WHERE ns = 'crash' AND key = 'count'", &[]).await.unwrap().get(0);
+    assert_eq!(count.parse::<i64>().unwrap(), logs, "the counter and the log rows moved together");
+    let answered = answered.lock().unwrap().clone();
+    for i in &answered {
+        let n: i64 = sql.query_one("SELECT count(*) FROM queen.kv WHERE ns = 'crash' AND key = $1", &[&format!("log:{i}")]).await.unwrap().get(0);
+        assert_eq!(n, 1, "answered call {i} is stored");
+    }
+}
