@@ -5,7 +5,8 @@
 //! path, with `registry` the leased batches those two share; `admin` and
 //! `maintenance` the operator routes and the background services; `reads`
 //! the lease-free reads of the log (fetch, partition discovery, traces,
-//! analytics); `kv` the namespaced keys beside the log; `log` the
+//! analytics); `kv` the namespaced keys beside the log and `locks` the
+//! permits kept as KV rows; `log` the
 //! pure byte formats; `crypto` the envelope of encrypted payloads and the
 //! key ring; `db` the pool, claim permits and migrations;
 //! `embedded_pg` the private cluster used when no database is configured,
@@ -23,6 +24,7 @@ pub mod embedded_pg;
 pub mod http;
 pub mod json;
 pub mod kv;
+pub mod locks;
 pub mod log;
 pub mod maintenance;
 pub mod metrics;

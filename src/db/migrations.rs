@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(8, "0008_traces.sql"),
     migration!(9, "0009_broker_samples.sql"),
     migration!(10, "0010_kv.sql"),
+    migration!(11, "0011_locks.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -14,7 +14,7 @@ use super::AppState;
 use crate::db::DbError;
 use crate::kv::{self, KvError, Op};
 
-fn envelope(status: StatusCode, error: &str, reason: &str, detail: &str) -> Response {
+pub(super) fn envelope(status: StatusCode, error: &str, reason: &str, detail: &str) -> Response {
     let mut r = (status, Json(json!({"error": error, "reason": reason, "detail": detail}))).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
@@ -30,22 +30,27 @@ fn refused(e: KvError) -> Response {
 }
 
 /// A database failure: the client may retry.
-fn unavailable(e: DbError) -> Response {
+pub(super) fn unavailable(e: DbError) -> Response {
     tracing::warn!(error = %e, "kv call failed");
     envelope(StatusCode::SERVICE_UNAVAILABLE, "kv_unavailable", "database", &e.to_string())
 }
 
 /// The switch: `QUEEN_KV_ENABLED=false` answers every KV route 503.
-fn disabled(state: &AppState) -> Option<Response> {
+pub(super) fn disabled(state: &AppState) -> Option<Response> {
     (!state.config.kv.enabled).then(|| envelope(StatusCode::SERVICE_UNAVAILABLE, "kv_disabled", "disabled", "KV is switched off on this broker (QUEEN_KV_ENABLED)"))
 }
 
-async fn body(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Value, Response> {
+/// A JSON body (absent: null); unreadable JSON is a `400 {error}` envelope.
+pub(super) async fn json_body(state: &AppState, headers: &HeaderMap, body: axum::body::Body, error: &str) -> Result<Value, Response> {
     match super::body::optional_json(state, headers, body).await {
         Ok(v) => Ok(v.unwrap_or(Value::Null)),
-        Err(super::error::ApiError::BadRequest(detail)) => Err(envelope(StatusCode::BAD_REQUEST, "kv_bad_request", "invalid_body", &detail)),
+        Err(super::error::ApiError::BadRequest(detail)) => Err(envelope(StatusCode::BAD_REQUEST, error, "invalid_body", &detail)),
         Err(other) => Err(other.into_response()),
     }
+}
+
+async fn body(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Value, Response> {
+    json_body(state, headers, body, "kv_bad_request").await
 }
 
 async fn call(state: &AppState, ops: &[Op]) -> Response {

@@ -11,6 +11,7 @@ pub mod error;
 pub mod health;
 pub mod kv;
 pub mod limits;
+pub mod locks;
 pub mod messages;
 pub mod metrics;
 pub mod pop;
@@ -159,6 +160,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/traces/{partition_id}/{transaction_id}", get(reads::traces_for_message))
         .route("/api/v1/kv", post(kv::batch))
         .route("/api/v1/kv/{ns}/{*key}", get(kv::get_key).put(kv::put_key).delete(kv::delete_key))
+        .route("/api/v1/locks", post(locks::locks))
         .route("/api/v1/resources/kv/namespaces", get(kv::namespaces))
         .route("/api/v1/resources/kv/list", post(kv::list))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))

@@ -111,3 +111,26 @@ def test_the_kv_client_reads_writes_fences_and_counts(broker):
             assert [bool(r) for r in results] == [False, False]
             assert not await q.kv.get("app", "x"), "the required check rolled the put back"
     run(scenario())
+
+
+def test_the_lock_client_acquires_renews_and_releases(broker):
+    async def scenario():
+        async with Queen(broker.url) as q:
+            first = q.lock("nightly", ttl_seconds=30, auto_renew=False)
+            second = q.lock("nightly", ttl_seconds=30, auto_renew=False)
+            assert await first.acquire()
+            token = first.token
+            assert token and first.guard()["expect"] == token
+            assert not await second.acquire()
+            assert await first.renew() and first.token > token
+            state = await q.locks.get("nightly")
+            assert state["held"] and state["holders"][0]["token"] == first.token
+            assert await first.release()
+            assert await second.acquire()
+            await second.release()
+            sem = [q.semaphore("pool", 2, ttl_seconds=30, auto_renew=False) for _ in range(3)]
+            got = [await s.acquire() for s in sem]
+            assert got == [True, True, False]
+            for s in sem[:2]:
+                await s.release()
+    run(scenario())

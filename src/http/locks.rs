@@ -1,0 +1,32 @@
+//! `POST /api/v1/locks` (issue 29 §2): parse, hand to `locks`, render with
+//! the KV envelope (a permit is a KV row, so KV's switch covers locks too).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::kv::{disabled, envelope, json_body, unavailable};
+use super::AppState;
+
+pub async fn locks(State(state): State<AppState>, headers: HeaderMap, raw: axum::body::Body) -> Response {
+    if let Some(r) = disabled(&state) {
+        return r;
+    }
+    let body = match json_body(&state, &headers, raw, "locks_bad_request").await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let ops = match crate::locks::parse(&body) {
+        Ok(ops) => ops,
+        Err(e) => {
+            let status = if e.too_many { StatusCode::PAYLOAD_TOO_LARGE } else { StatusCode::BAD_REQUEST };
+            return envelope(status, "locks_bad_request", e.reason, &e.detail);
+        }
+    };
+    match crate::locks::run(&state.pool, &ops).await {
+        Ok(results) => Json(json!({"results": results})).into_response(),
+        Err(e) => unavailable(e),
+    }
+}
