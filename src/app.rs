@@ -156,6 +156,15 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         let (p, sealing) = (p.clone(), sealing.clone());
         async move { sealing.refresh(&p).await.map(|()| false) }
     });
+    let switches = Arc::new(crate::admin::switches::Switches::default());
+    if let Err(e) = switches.refresh(&store.pool).await {
+        tracing::warn!(error = %e, "could not read the system switches; retrying on the cache refresh");
+    }
+    let (p, sw) = (store.pool.clone(), switches.clone());
+    crate::maintenance::spawn_service("system_switches", config.queue_cache_refresh, stop_services.subscribe(), move || {
+        let (p, sw) = (p.clone(), sw.clone());
+        async move { sw.refresh(&p).await.map(|()| false) }
+    });
     spawn_maintenance(&config, &store.pool, &stop_services);
     spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());
     let spool = match crate::push::spool::SpoolOwner::of(&store.pool)
@@ -183,7 +192,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         telemetry: crate::metrics::Telemetry::global(), spool,
         push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
-        traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()) };
+        traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()), switches };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     tracing::info!(%local, "listening on http://{local}");
     let signal = {

@@ -269,3 +269,34 @@ async fn a_broker_killed_mid_call_leaves_every_call_whole_or_absent() {
         assert_eq!(n, 1, "answered call {i} is stored");
     }
 }
+
+#[tokio::test]
+async fn the_kill_switch_is_kept_in_the_database_and_every_broker_honours_it() {
+    let a = Broker::start_with(&[("QUEEN_CACHE_REFRESH_INTERVAL_MS", "200")]).await;
+    let b = Broker::spawn(a.db.clone(), vec![
+        ("QUEEN_DATABASE_URL".into(), common::cluster().url(&a.db)),
+        ("QUEEN_CACHE_REFRESH_INTERVAL_MS".into(), "200".into()),
+    ])
+    .await;
+    let op = json!({"operations": [{"op": "put", "ns": "s", "key": "k", "value": 1, "forever": true}]});
+    assert_eq!(b.post("/api/v1/kv", op.clone()).await.0, 200);
+    let (status, r) = a.post("/api/v1/system/kv-timers", json!({"kv": false})).await;
+    assert_eq!((status, r["kv"].clone(), r["timers"].clone(), r["enabled"].clone()), (200, json!(false), json!(true), json!(false)));
+    let (status, r) = a.post("/api/v1/kv", op.clone()).await;
+    assert_eq!((status, r["error"].clone()), (503, json!("kv_disabled")), "at once on the broker that took it");
+    eventually("the other broker honours the switch", Duration::from_secs(5), || async { b.post("/api/v1/kv", op.clone()).await.0 == 503 }).await;
+    assert_eq!(b.post("/api/v1/locks", json!([{"op": "get", "name": "x"}])).await.0, 503, "locks are KV");
+    let (status, _) = b
+        .post("/api/v1/transaction", json!({"operations": [{"type": "push", "queue": "q", "payload": 1}], "kv": [{"op": "get", "ns": "s", "key": "k"}]}))
+        .await;
+    assert_eq!(status, 403, "a rider of a switched-off family");
+    let (_, state) = b.get("/api/v1/system/kv-timers").await;
+    assert_eq!(state["kv"], false);
+    assert_eq!(a.post("/api/v1/system/kv-timers", json!({"enabled": "yes"})).await.0, 400);
+    assert_eq!(a.post("/api/v1/system/kv-timers", json!({})).await.0, 400);
+    assert_eq!(a.post("/api/v1/system/kv-timers", json!({"enabled": true})).await.0, 200);
+    eventually("both brokers serve KV again", Duration::from_secs(5), || async {
+        a.post("/api/v1/kv", op.clone()).await.0 == 200 && b.post("/api/v1/kv", op.clone()).await.0 == 200
+    })
+    .await;
+}

@@ -125,10 +125,11 @@ async fn malformed_bundles_answer_400_and_riders_403() {
     let (status, body) = b.post("/api/v1/transaction", json!({"operations": [{"type": "push", "items": [{"queue": 3}]}]})).await;
     assert_eq!(status, 400);
     assert_eq!(body["error"], "operations[0]: items[0].queue: must be a string");
-    let (status, _) = b
+    let (status, body) = b
         .post("/api/v1/transaction", json!({"operations": [{"type": "push", "queue": "q", "payload": 1}], "kv": [{"op": "put"}]}))
         .await;
-    assert_eq!(status, 403);
+    assert_eq!(status, 400, "a malformed kv rider: {body}");
+    assert!(body["error"].as_str().unwrap().starts_with("kv[0]."), "{body}");
     let (status, body) = b.post("/api/v1/transaction", json!({"operations": [{"type": "push", "queue": "flat", "payload": 1}]})).await;
     assert_eq!((status, body["success"].as_bool()), (200, Some(true)), "a flat push operation is one item");
 }

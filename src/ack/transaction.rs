@@ -7,6 +7,12 @@
 //! push or a refused ack rolls everything back; the answer is still 200, with
 //! `success: false`, because the client reads the body either way.
 //!
+//! A bundle may carry a `kv` rider (issue 29 §4): KV operations that run
+//! after the pushes and acks, in the same transaction (`kv::run`). A lost
+//! `required` verdict (a lock's guard, a `putIfAbsent` that must win) rolls
+//! the whole bundle back and answers `success: false, reason:
+//! "kv_precondition"` with the failed operation's flat index.
+//!
 //! Every ack is fenced by its own lease ([`Fence::Always`], issue 25): a
 //! transaction is how a consumer commits "ack my input, push my output"
 //! exactly once, so an ack whose lease is not live rolls the bundle back even
@@ -31,8 +37,9 @@ use crate::push::{Outcome, PushPlan};
 pub enum TxnError {
     #[error("{0}")]
     BadRequest(String),
-    #[error("kv and timers riders are not enabled on this broker")]
-    RidersDisabled,
+    /// A rider of a switched-off family (403): the message names it.
+    #[error("{0}")]
+    RidersDisabled(&'static str),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -66,6 +73,12 @@ struct RawOp<'a> {
 enum Op<'a> {
     Push(Vec<PushItem<'a>>),
     Ack(AckItem, bool),
+}
+
+/// What a bundle's riders may use: the KV limits when KV is on.
+#[derive(Clone, Copy)]
+pub struct Riders<'a> {
+    pub kv: Option<&'a crate::kv::KvLimits>,
 }
 
 /// What a committed bundle wrote, for waking consumers afterwards.
@@ -120,22 +133,29 @@ fn parse_ops<'a>(ops: &[&'a RawValue]) -> Result<Vec<Op<'a>>, TxnError> {
         .collect()
 }
 
+/// One bundle as the route read it. `body` is the JSON bundle (or a `QTB1`
+/// head); `binary_pushes` are a `QTB1` body's pushed items, which run after
+/// the head's operations, as the answer order of API.md §3.3 has them.
+/// `counts_only` answers `pushed`, `duplicate` and `acked` instead of
+/// per-operation results; `producer` is the caller's JWT subject.
+pub struct Bundle<'a, 'b> {
+    pub body: &'a str,
+    pub binary_pushes: &'a [PushItem<'b>],
+    pub counts_only: bool,
+    pub producer: Option<&'a str>,
+    pub riders: Riders<'a>,
+}
+
 /// Runs one bundle. `Ok` carries the 200 answer (successful or rolled back).
-/// `body` is the JSON bundle (or a `QTB1` head); `binary_pushes` are a
-/// `QTB1` body's pushed items, which run after the head's operations, as the
-/// answer order of API.md §3.3 has them. `counts_only` answers `pushed`,
-/// `duplicate` and `acked` instead of per-operation results. `coalescer`
-/// lends its settings (the zstd level, which queues seal); the pushes
-/// themselves run on the bundle's connection, not through it.
+/// `coalescer` lends its settings (the zstd level, which queues seal); the
+/// pushes themselves run on the bundle's connection, not through it.
 pub async fn run(
     pool: &deadpool_postgres::Pool,
     acks: &AckService,
     coalescer: &crate::push::Coalescer,
-    body: &str,
-    binary_pushes: &[PushItem<'_>],
-    counts_only: bool,
-    producer: Option<&str>,
+    bundle: Bundle<'_, '_>,
 ) -> Result<Committed, TxnError> {
+    let Bundle { body, binary_pushes, counts_only, producer, riders } = bundle;
     let parsed: Body<'_> =
         serde_json::from_str(body).map_err(|e| TxnError::BadRequest(format!("bad body: {e}")))?;
     let ops = match parsed.operations {
@@ -144,9 +164,17 @@ pub async fn run(
         None => return Err(TxnError::BadRequest("transaction requires an operations array".into())),
     };
     let rider = |r: Option<&RawValue>| r.is_some_and(|r| !matches!(r.get().trim(), "null" | "[]"));
-    if rider(parsed.kv) || rider(parsed.timers) {
-        return Err(TxnError::RidersDisabled);
+    if rider(parsed.timers) {
+        return Err(TxnError::RidersDisabled("timers riders are not enabled on this broker"));
     }
+    let kv_ops = match (rider(parsed.kv), riders.kv) {
+        (false, _) => Vec::new(),
+        (true, None) => return Err(TxnError::RidersDisabled("kv riders are not enabled on this broker (QUEEN_KV_ENABLED)")),
+        (true, Some(limits)) => {
+            let v: Value = serde_json::from_str(parsed.kv.expect("a rider").get()).map_err(|e| TxnError::BadRequest(format!("kv: {e}")))?;
+            crate::kv::parse(&v, "kv", limits).map_err(|e| TxnError::BadRequest(e.to_string()))?
+        }
+    };
     let mut ops = parse_ops(&ops)?;
     if !binary_pushes.is_empty() {
         ops.push(Op::Push(binary_pushes.to_vec()));
@@ -237,6 +265,27 @@ pub async fn run(
                 results.push(json!({"index": results.len(), "type": "ack", "success": true,
                                     "transactionId": item.transaction_id, "error": null, "dlq": o.dlq}));
             }
+        }
+    }
+    if let Some(limits) = riders.kv.filter(|_| !kv_ops.is_empty()) {
+        let outcome = crate::kv::run(&tx, &kv_ops, limits).await?;
+        if let Some(i) = outcome.failed {
+            tx.rollback().await?;
+            let lost = &outcome.results[i];
+            let mut answer = rolled_back(format!("kv precondition failed: kv[{i}] on key {} ({})", lost["key"], lost["reason"].as_str().unwrap_or("lost")))
+                .answer;
+            answer["reason"] = json!("kv_precondition");
+            answer["failedIndex"] = json!(results.len() + i);
+            answer["kvReason"] = lost["reason"].clone();
+            answer["version"] = lost["version"].clone();
+            answer["value"] = lost["value"].clone();
+            return Ok(Committed { answer, pushed: vec![], released: vec![] });
+        }
+        for r in outcome.results {
+            let mut r = r;
+            r["index"] = json!(results.len());
+            r["type"] = json!("kv");
+            results.push(r);
         }
     }
     tx.commit().await?;

@@ -8,6 +8,7 @@ pub mod groups;
 pub mod messages;
 pub mod resources;
 pub mod status;
+pub mod switches;
 
 use chrono::{DateTime, Utc};
 

@@ -45,6 +45,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(9, "0009_broker_samples.sql"),
     migration!(10, "0010_kv.sql"),
     migration!(11, "0011_locks.sql"),
+    migration!(12, "0012_system_switches.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -403,7 +403,9 @@ pub async fn transaction(
         let text = utf8(&bytes)?;
         (text, &[][..], false)
     };
-    match run(&state.pool, &state.ack, &state.coalescer, text, pushes, counts_only, producer.as_deref()).await {
+    let riders = crate::ack::transaction::Riders { kv: state.kv_enabled().then_some(&state.config.kv.limits) };
+    let bundle = crate::ack::transaction::Bundle { body: text, binary_pushes: pushes, counts_only, producer: producer.as_deref(), riders };
+    match run(&state.pool, &state.ack, &state.coalescer, bundle).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
                 state.committed_push(queue, *pid, partition, *n);
@@ -412,7 +414,7 @@ pub async fn transaction(
             Ok(Json(done.answer).into_response())
         }
         Err(TxnError::BadRequest(e)) => Ok(refused(StatusCode::BAD_REQUEST, e)),
-        Err(TxnError::RidersDisabled) => Ok(refused(StatusCode::FORBIDDEN, TxnError::RidersDisabled.to_string())),
+        Err(e @ TxnError::RidersDisabled(_)) => Ok(refused(StatusCode::FORBIDDEN, e.to_string())),
         Err(TxnError::Db(e)) => Err(e.into()),
     }
 }

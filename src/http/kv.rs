@@ -35,9 +35,12 @@ pub(super) fn unavailable(e: DbError) -> Response {
     envelope(StatusCode::SERVICE_UNAVAILABLE, "kv_unavailable", "database", &e.to_string())
 }
 
-/// The switch: `QUEEN_KV_ENABLED=false` answers every KV route 503.
+/// The switches: `QUEEN_KV_ENABLED=false` or `POST /api/v1/system/kv-timers`
+/// answer every KV route 503.
 pub(super) fn disabled(state: &AppState) -> Option<Response> {
-    (!state.config.kv.enabled).then(|| envelope(StatusCode::SERVICE_UNAVAILABLE, "kv_disabled", "disabled", "KV is switched off on this broker (QUEEN_KV_ENABLED)"))
+    (!state.kv_enabled()).then(|| {
+        envelope(StatusCode::SERVICE_UNAVAILABLE, "kv_disabled", "disabled", "KV is switched off (QUEEN_KV_ENABLED, or /api/v1/system/kv-timers)")
+    })
 }
 
 /// A JSON body (absent: null); unreadable JSON is a `400 {error}` envelope.

@@ -52,6 +52,16 @@ pub struct AppState {
     pub push_maintenance: Arc<std::sync::atomic::AtomicBool>,
     pub inflight: Arc<limits::InFlight>,
     pub traces: crate::reads::traces::TraceWriter,
+    /// The switches every broker honours (the KV and timers kill switch).
+    pub switches: Arc<crate::admin::switches::Switches>,
+}
+
+impl AppState {
+    /// Whether KV (and the locks on it) serves: the environment allows it and
+    /// no operator switched it off.
+    pub fn kv_enabled(&self) -> bool {
+        self.config.kv.enabled && !self.switches.is_off("kv")
+    }
 }
 
 impl AppState {
@@ -164,6 +174,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/resources/kv/namespaces", get(kv::namespaces))
         .route("/api/v1/resources/kv/list", post(kv::list))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
+        .route("/api/v1/system/kv-timers", get(system::get_kv_timers).post(system::set_kv_timers))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

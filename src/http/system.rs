@@ -1,7 +1,9 @@
-//! System switches, per broker process and not persisted. Push maintenance:
+//! System switches. Push maintenance (per broker process, not persisted):
 //! while on, pushes are spooled to disk and answered `buffered`; turning it
-//! off replays the spool. Pop maintenance: while on, every pop answers 204 at
-//! once with no work done.
+//! off replays the spool. Pop maintenance (the same): while on, every pop
+//! answers 204 at once with no work done. The KV and timers kill switch
+//! (`/api/v1/system/kv-timers`) is kept in the database, so every broker
+//! honours it (`admin::switches`).
 
 use axum::extract::State;
 use axum::Json;
@@ -53,6 +55,43 @@ pub async fn set_pop_maintenance(
     state.pop.set_maintenance(enabled);
     tracing::info!(enabled, "pop maintenance switched");
     Ok(Json(json!({"enabled": enabled})))
+}
+
+pub async fn get_kv_timers(State(state): State<AppState>) -> Json<Value> {
+    let kv = !state.switches.is_off("kv");
+    let timers = !state.switches.is_off("timers");
+    Json(json!({"enabled": kv && timers, "kv": kv, "timers": timers, "kvAllowedByEnvironment": state.config.kv.enabled}))
+}
+
+/// `{"enabled": bool}` flips both families; `{"kv": bool}` and
+/// `{"timers": bool}` one each.
+pub async fn set_kv_timers(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Value>, ApiError> {
+    let bytes = super::body::read_limited(&headers, body, 4096).await?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("bad body: {e}")))?;
+    let flag = |k: &str| -> Result<Option<bool>, ApiError> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::BadRequest(format!("{k}: must be a boolean"))),
+        }
+    };
+    let all = flag("enabled")?;
+    let mut changed = false;
+    for family in crate::admin::switches::FAMILIES {
+        if let Some(enabled) = flag(family)?.or(all) {
+            state.switches.set(&state.pool, family, enabled).await?;
+            tracing::info!(family, enabled, "switched");
+            changed = true;
+        }
+    }
+    if !changed {
+        return Err(ApiError::BadRequest("enabled, kv or timers: required, a boolean".into()));
+    }
+    Ok(get_kv_timers(State(state)).await)
 }
 
 /// The spool as the operator sees it: where, how much, whether a replay is due.

@@ -134,3 +134,26 @@ def test_the_lock_client_acquires_renews_and_releases(broker):
             for s in sem[:2]:
                 await s.release()
     run(scenario())
+
+
+def test_a_guarded_transaction_with_kv_riders_commits_once_and_a_once_gate_refuses_twice(broker):
+    async def scenario():
+        async with Queen(broker.url) as q:
+            lock = q.lock("reporter", ttl_seconds=30, auto_renew=False)
+            assert await lock.acquire()
+            done = await (q.transaction().guard(lock)
+                          .queue("reports").push([{"data": {"day": 1}}])
+                          .kv.put("reports", "last", 1, forever=True)
+                          .commit())
+            assert done["success"], done
+            assert (await q.kv.get("reports", "last"))["value"] == 1
+            first = await q.transaction().once("gate", "day-1", ttl_seconds=60).queue("reports").push([{"data": 2}]).commit()
+            again = await q.transaction().once("gate", "day-1", ttl_seconds=60).queue("reports").push([{"data": 3}]).commit()
+            assert first["success"] and not again["success"] and again["reason"] == "kv_precondition"
+            assert again["kvReason"] == "exists"
+            await lock.release()
+            stale = await (q.transaction().guard(lock).queue("reports").push([{"data": 4}]).commit()) if lock.held else None
+            assert stale is None, "a released handle cannot guard"
+            depth = await q.admin.get_queue_depth("reports")
+            assert depth["pending"] == 2, depth
+    run(scenario())
