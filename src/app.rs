@@ -194,6 +194,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
         traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()), switches };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
+    spawn_timer_fire(state.clone(), stop_services.subscribe());
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
         let pop = pop.clone();
@@ -227,6 +228,38 @@ fn spawn_spool_replayer(state: AppState, every: Duration, mut shutdown: broadcas
             tokio::select! {
                 _ = tick.tick() => state.replay_spool().await,
                 _ = shutdown.recv() => return,
+            }
+        }
+    });
+}
+
+/// Fires due timers (`timers::fire`) every `QUEEN_TIMERS_INTERVAL_MS`, at
+/// once again while batches come back full, and wakes the consumers of what
+/// it pushed.
+fn spawn_timer_fire(state: AppState, mut shutdown: broadcast::Receiver<()>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(state.config.timers_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.recv() => return,
+            }
+            for _ in 0..100 {
+                match crate::timers::fire::tick(&state.pool, &state.coalescer, state.config.timers_batch).await {
+                    Ok((pushed, more)) => {
+                        for (queue, pid, partition, n) in &pushed {
+                            state.committed_push(queue, *pid, partition, *n);
+                        }
+                        if !more {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "timer fire failed; retrying next tick");
+                        break;
+                    }
+                }
             }
         }
     });

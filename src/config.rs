@@ -202,6 +202,10 @@ pub struct Config {
     pub eviction_batch: i64,
     /// KV: the switch, the limits of a call, the expiry sweeper's cadence.
     pub kv: KvConfig,
+    /// How often the timer fire service looks for due timers, and how many
+    /// one transaction fires.
+    pub timers_interval: Duration,
+    pub timers_batch: i64,
 }
 
 /// KV's settings (`QUEEN_KV_*`).
@@ -483,6 +487,8 @@ impl Config {
                 .map(Duration::from_millis)?,
             eviction_interval: ms(&["EVICTION_INTERVAL"], 60_000, 100)?,
             eviction_batch: env.parse(&["EVICTION_BATCH_SIZE"], 1000i64, "a batch size of at least 1", |v| *v >= 1)?,
+            timers_interval: ms(&["QUEEN_TIMERS_INTERVAL_MS"], 50, 5)?,
+            timers_batch: env.parse(&["QUEEN_TIMERS_BATCH_SIZE"], 1000i64, "a batch size from 1 to 10000", |v| (1..=10_000).contains(v))?,
             kv: KvConfig {
                 enabled: env.boolean(&["QUEEN_KV_ENABLED"], true)?,
                 limits: crate::kv::KvLimits {
@@ -526,6 +532,8 @@ impl Config {
         ("DB_IDLE_TIMEOUT", "30000", "ms after which an unused pooled connection is closed"),
         ("QUEEN_STMT_TIMEOUT_MS (alias DB_STATEMENT_TIMEOUT)", "30000", "statement timeout in ms (0 = none)"),
         ("QUEEN_MAX_BODY_BYTES", "67108864", "largest request body; larger answers 413"),
+        ("QUEEN_TIMERS_INTERVAL_MS", "50", "ms between looks for due timers when none was due (a full batch is followed at once by the next)"),
+        ("QUEEN_TIMERS_BATCH_SIZE", "1000", "most timers one fire transaction turns into messages"),
         ("QUEEN_KV_ENABLED", "true", "serve KV; false answers every KV route 503 kv_disabled"),
         ("QUEEN_KV_MAX_VALUE_BYTES", "65536", "largest KV value, as JSON text; larger answers 413 kv_value_too_large"),
         ("QUEEN_KV_MAX_KEY_BYTES", "512", "longest KV key (namespaces: 128 bytes of A-Z a-z 0-9 . _ : -)"),

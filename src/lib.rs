@@ -6,7 +6,8 @@
 //! `maintenance` the operator routes and the background services; `reads`
 //! the lease-free reads of the log (fetch, partition discovery, traces,
 //! analytics); `kv` the namespaced keys beside the log and `locks` the
-//! permits kept as KV rows; `log` the
+//! permits kept as KV rows; `timers` the messages scheduled for later and
+//! their fire service; `log` the
 //! pure byte formats; `crypto` the envelope of encrypted payloads and the
 //! key ring; `db` the pool, claim permits and migrations;
 //! `embedded_pg` the private cluster used when no database is configured,
@@ -33,3 +34,4 @@ pub mod push;
 pub mod reads;
 pub mod registry;
 pub mod telemetry;
+pub mod timers;

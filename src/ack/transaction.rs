@@ -13,6 +13,9 @@
 //! the whole bundle back and answers `success: false, reason:
 //! "kv_precondition"` with the failed operation's flat index.
 //!
+//! A `timers` rider schedules or cancels timers in the same transaction,
+//! after the KV rider; its results close the flat `results` space.
+//!
 //! Every ack is fenced by its own lease ([`Fence::Always`], issue 25): a
 //! transaction is how a consumer commits "ack my input, push my output"
 //! exactly once, so an ack whose lease is not live rolls the bundle back even
@@ -75,10 +78,12 @@ enum Op<'a> {
     Ack(AckItem, bool),
 }
 
-/// What a bundle's riders may use: the KV limits when KV is on.
+/// What a bundle's riders may use: the KV limits when KV is on, and
+/// whether timers may be scheduled.
 #[derive(Clone, Copy)]
 pub struct Riders<'a> {
     pub kv: Option<&'a crate::kv::KvLimits>,
+    pub timers: bool,
 }
 
 /// What a committed bundle wrote, for waking consumers afterwards.
@@ -164,9 +169,14 @@ pub async fn run(
         None => return Err(TxnError::BadRequest("transaction requires an operations array".into())),
     };
     let rider = |r: Option<&RawValue>| r.is_some_and(|r| !matches!(r.get().trim(), "null" | "[]"));
-    if rider(parsed.timers) {
-        return Err(TxnError::RidersDisabled("timers riders are not enabled on this broker"));
-    }
+    let timer_ops = match (rider(parsed.timers), riders.timers) {
+        (false, _) => Vec::new(),
+        (true, false) => return Err(TxnError::RidersDisabled("timers riders are switched off (/api/v1/system/kv-timers)")),
+        (true, true) => {
+            let v: Value = serde_json::from_str(parsed.timers.expect("a rider").get()).map_err(|e| TxnError::BadRequest(format!("timers: {e}")))?;
+            crate::timers::parse(&v, "timers").map_err(TxnError::BadRequest)?
+        }
+    };
     let kv_ops = match (rider(parsed.kv), riders.kv) {
         (false, _) => Vec::new(),
         (true, None) => return Err(TxnError::RidersDisabled("kv riders are not enabled on this broker (QUEEN_KV_ENABLED)")),
@@ -285,6 +295,13 @@ pub async fn run(
             let mut r = r;
             r["index"] = json!(results.len());
             r["type"] = json!("kv");
+            results.push(r);
+        }
+    }
+    if !timer_ops.is_empty() {
+        for mut r in crate::timers::run(&tx, &timer_ops, producer).await? {
+            r["index"] = json!(results.len());
+            r["type"] = json!("timer");
             results.push(r);
         }
     }

@@ -46,6 +46,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(10, "0010_kv.sql"),
     migration!(11, "0011_locks.sql"),
     migration!(12, "0012_system_switches.sql"),
+    migration!(13, "0013_timers.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -403,7 +403,7 @@ pub async fn transaction(
         let text = utf8(&bytes)?;
         (text, &[][..], false)
     };
-    let riders = crate::ack::transaction::Riders { kv: state.kv_enabled().then_some(&state.config.kv.limits) };
+    let riders = crate::ack::transaction::Riders { kv: state.kv_enabled().then_some(&state.config.kv.limits), timers: state.timers_enabled() };
     let bundle = crate::ack::transaction::Bundle { body: text, binary_pushes: pushes, counts_only, producer: producer.as_deref(), riders };
     match run(&state.pool, &state.ack, &state.coalescer, bundle).await {
         Ok(done) => {

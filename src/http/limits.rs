@@ -42,7 +42,7 @@ impl InFlight {
         } else if path.starts_with("/api/v1/ack")
             || path.starts_with("/api/v1/lease/")
             || path == "/api/v1/transaction"
-            || (method == Method::POST && (path == "/api/v1/traces" || path == "/api/v1/kv" || path == "/api/v1/locks"))
+            || (method == Method::POST && (path == "/api/v1/traces" || path == "/api/v1/kv" || path == "/api/v1/locks" || path == "/api/v1/timers"))
         {
             // A consume loop's per-message calls: traces and KV calls are
             // among them.

@@ -20,6 +20,7 @@ pub mod query;
 pub mod reads;
 pub mod server;
 pub mod system;
+pub mod timers;
 
 use std::sync::Arc;
 
@@ -61,6 +62,11 @@ impl AppState {
     /// no operator switched it off.
     pub fn kv_enabled(&self) -> bool {
         self.config.kv.enabled && !self.switches.is_off("kv")
+    }
+
+    /// Whether scheduling timers is allowed (the fire never stops).
+    pub fn timers_enabled(&self) -> bool {
+        !self.switches.is_off("timers")
     }
 }
 
@@ -171,6 +177,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/kv", post(kv::batch))
         .route("/api/v1/kv/{ns}/{*key}", get(kv::get_key).put(kv::put_key).delete(kv::delete_key))
         .route("/api/v1/locks", post(locks::locks))
+        .route("/api/v1/timers", post(timers::batch))
+        .route("/api/v1/timers/{queue}", get(timers::list))
+        .route("/api/v1/timers/{queue}/{*key}", get(timers::peek).delete(timers::cancel))
         .route("/api/v1/resources/kv/namespaces", get(kv::namespaces))
         .route("/api/v1/resources/kv/list", post(kv::list))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))

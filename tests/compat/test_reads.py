@@ -157,3 +157,23 @@ def test_a_guarded_transaction_with_kv_riders_commits_once_and_a_once_gate_refus
             depth = await q.admin.get_queue_depth("reports")
             assert depth["pending"] == 2, depth
     run(scenario())
+
+
+def test_the_timer_client_schedules_peeks_cancels_and_a_timer_arrives_as_a_message(broker):
+    async def scenario():
+        async with Queen(broker.url) as q:
+            r = await q.timers.schedule("reminders", "user:7", {"remind": 7}, delay_ms=300)
+            assert r and r["status"] == "scheduled" and r["messageId"]
+            peek = await q.timers.peek("reminders", "user:7")
+            assert peek["found"] and peek["payload"] == {"remind": 7}
+            doomed = await q.timers.schedule("reminders", "user:8", {"remind": 8}, delay_ms=60_000)
+            listed = await q.timers.list("reminders")
+            assert [row["timerKey"] for row in listed["rows"]] == ["user:7", "user:8"]
+            cancelled = await q.timers.cancel("reminders", "user:8", txn=doomed["txn"])
+            assert cancelled and cancelled["status"] == "cancelled"
+            assert not await q.timers.cancel("reminders", "user:8")
+            got = await q.queue("reminders").batch(1).wait(True).timeout_millis(5000).pop()
+            assert [m["data"] for m in got] == [{"remind": 7}]
+            assert got[0]["transactionId"] == r["txn"] and got[0]["id"] == r["messageId"]
+            assert not await q.timers.peek("reminders", "user:7")
+    run(scenario())

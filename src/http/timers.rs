@@ -1,0 +1,86 @@
+//! `POST /api/v1/timers`, `GET /api/v1/timers/{queue}` and
+//! `GET|DELETE /api/v1/timers/{queue}/{key…}` (issue 29 §3): parse, hand to
+//! `timers`, render. Errors use the `{error, reason, detail}` envelope. A
+//! cancel by `DELETE` is never refused by the kill switch: a producer that
+//! cannot stop its timers would keep producing messages it cannot stop.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::auth::Principal;
+use super::kv::{envelope, json_body, unavailable};
+use super::query::Params;
+use super::AppState;
+use crate::timers::{self, TimerOp};
+
+fn bad(detail: String) -> Response {
+    envelope(StatusCode::BAD_REQUEST, "timers_bad_request", "invalid_operation", &detail)
+}
+
+/// `POST /api/v1/timers` `{operations: [...]}` (or a bare array).
+pub async fn batch(State(state): State<AppState>, principal: Option<axum::Extension<Principal>>, headers: HeaderMap, raw: axum::body::Body) -> Response {
+    if !state.timers_enabled() {
+        return envelope(StatusCode::SERVICE_UNAVAILABLE, "timers_disabled", "disabled", "timers are switched off (/api/v1/system/kv-timers)");
+    }
+    let v = match json_body(&state, &headers, raw, "timers_bad_request").await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let operations = if v.is_array() { &v } else { v.get("operations").unwrap_or(&Value::Null) };
+    let ops = match timers::parse(operations, "operations") {
+        Ok(ops) => ops,
+        Err(detail) => return bad(detail),
+    };
+    let producer = principal.and_then(|p| p.0.sub);
+    let client = match state.pool.get().await {
+        Ok(c) => c,
+        Err(e) => return unavailable(e.into()),
+    };
+    match timers::run(&client, &ops, producer.as_deref()).await {
+        Ok(results) => Json(json!({"results": results})).into_response(),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// `GET /api/v1/timers/{queue}` (`after`, `limit`; `mode=count&prefix=`).
+pub async fn list(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Response {
+    let p = match Params::parse(q) {
+        Ok(p) => p,
+        Err(e) => return bad(e.to_string()),
+    };
+    let answer = if p.text("mode").as_deref() == Some("count") {
+        timers::count(&state.pool, &queue, &p.text("prefix").unwrap_or_default()).await
+    } else {
+        let limit = match p.text("limit").map(|l| l.parse::<i64>()) {
+            None => timers::DEFAULT_LIST,
+            Some(Ok(l)) => l.clamp(1, timers::MAX_LIST),
+            Some(Err(_)) => return bad("limit: must be an integer".into()),
+        };
+        timers::list(&state.pool, &queue, p.text("after").as_deref(), limit).await
+    };
+    answer.map(|v| Json(v).into_response()).unwrap_or_else(unavailable)
+}
+
+/// `GET /api/v1/timers/{queue}/{key…}`: the pending timer or `{found: false}`.
+pub async fn peek(State(state): State<AppState>, Path((queue, key)): Path<(String, String)>) -> Response {
+    timers::peek(&state.pool, &queue, &key).await.map(|v| Json(v).into_response()).unwrap_or_else(unavailable)
+}
+
+/// `DELETE /api/v1/timers/{queue}/{key…}` (`?txn=`): one cancel result.
+pub async fn cancel(State(state): State<AppState>, Path((queue, key)): Path<(String, String)>, RawQuery(q): RawQuery) -> Response {
+    let txn = match Params::parse(q) {
+        Ok(p) => p.text("txn"),
+        Err(e) => return bad(e.to_string()),
+    };
+    let client = match state.pool.get().await {
+        Ok(c) => c,
+        Err(e) => return unavailable(e.into()),
+    };
+    match timers::run(&client, &[TimerOp::Cancel { queue, key, txn }], None).await {
+        Ok(mut results) => Json(results.remove(0)).into_response(),
+        Err(e) => unavailable(e),
+    }
+}
