@@ -300,3 +300,35 @@ async fn the_kill_switch_is_kept_in_the_database_and_every_broker_honours_it() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn supervised_consumers_are_listed_from_what_they_publish() {
+    use base64::Engine as _;
+    let b = Broker::start().await;
+    let publish = |group: &str, instance: &str, write: &str, doc: Value| {
+        let data = base64::engine::general_purpose::STANDARD.encode(doc.to_string());
+        json!([{"op": "put", "ns": "queen-supervisor", "key": format!("{group}/{instance}/head"), "ttlSeconds": 60,
+                "value": {"format": "queen.supervisor.remote-status/v1", "write": write, "chunks": 1, "bytes": data.len()}},
+               {"op": "put", "ns": "queen-supervisor", "key": format!("{group}/{instance}/chunk/0000"), "ttlSeconds": 60,
+                "value": {"write": write, "index": 0, "data": data}}])
+    };
+    let doc = |id: &str| json!({"schema": "queen.consumer.status/v1", "instance_id": id, "engine": "python", "hostname": "h1",
+                                "pid": 42, "state": "running", "uptime_seconds": 5,
+                                "pool_status": [{"queue": "orders", "consumer_group": "billing", "running": 1}]});
+    let r = kv(&b, publish("billing-app", "i1", "w1", doc("i1"))).await;
+    assert!(r["results"].as_array().unwrap().iter().all(|x| x["applied"] == true));
+    kv(&b, publish("other-app", "i2", "w1", doc("i2"))).await;
+    // A head whose chunk belongs to another write is a publication in progress: not shown.
+    kv(&b, json!([{"op": "put", "ns": "queen-supervisor", "key": "torn/i3/head", "ttlSeconds": 60,
+                   "value": {"write": "new", "chunks": 1}},
+                  {"op": "put", "ns": "queen-supervisor", "key": "torn/i3/chunk/0000", "ttlSeconds": 60,
+                   "value": {"write": "old", "index": 0, "data": "e30="}}])).await;
+    let (status, all) = b.get("/api/v1/consumers").await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(all["total"], 2);
+    let c = &all["consumers"][0];
+    assert_eq!((c["group"].clone(), c["instanceId"].clone(), c["state"].clone(), c["pid"].clone()), (json!("billing-app"), json!("i1"), json!("running"), json!(42)));
+    assert_eq!(c["pools"][0]["queue"], "orders");
+    let (_, one) = b.get("/api/v1/consumers?group=other-app").await;
+    assert_eq!((one["total"].clone(), one["consumers"][0]["instanceId"].clone()), (json!(1), json!("i2")));
+}

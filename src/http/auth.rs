@@ -54,7 +54,7 @@ pub fn level(method: &Method, path: &str) -> Level {
     }
     const READ_PREFIXES: &[&str] = &[
         "/status", "/api/v1/status", "/api/v1/analytics", "/api/v1/resources/", "/api/v1/messages", "/api/v1/consumer-groups",
-        "/api/v1/dlq", "/api/v1/traces", "/api/v1/kv", "/api/v1/timers", "/api/v1/ephemeral/queues",
+        "/api/v1/dlq", "/api/v1/traces", "/api/v1/kv", "/api/v1/timers", "/api/v1/ephemeral/queues", "/api/v1/consumers",
     ];
     if get && READ_PREFIXES.iter().any(|p| path.starts_with(p)) {
         return Level::ReadOnly;

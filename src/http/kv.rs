@@ -165,3 +165,16 @@ pub async fn list(State(state): State<AppState>, headers: HeaderMap, raw: axum::
         Err(e) => unavailable(e),
     }
 }
+
+/// `GET /api/v1/consumers` (`?group=`): the live consumers the clients'
+/// supervision publishes.
+pub async fn consumers(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+    let group = match Params::parse(q) {
+        Ok(p) => p.text("group"),
+        Err(e) => return envelope(StatusCode::BAD_REQUEST, "kv_bad_request", "invalid_query", &e.to_string()),
+    };
+    match kv::supervision::consumers(&state.pool, group.as_deref()).await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => unavailable(e),
+    }
+}

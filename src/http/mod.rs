@@ -177,6 +177,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/kv", post(kv::batch))
         .route("/api/v1/kv/{ns}/{*key}", get(kv::get_key).put(kv::put_key).delete(kv::delete_key))
         .route("/api/v1/locks", post(locks::locks))
+        .route("/api/v1/consumers", get(kv::consumers))
         .route("/api/v1/timers", post(timers::batch))
         .route("/api/v1/timers/{queue}", get(timers::list))
         .route("/api/v1/timers/{queue}/{*key}", get(timers::peek).delete(timers::cancel))

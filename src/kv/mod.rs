@@ -15,6 +15,7 @@
 //! transaction route can validate its riders before it opens a transaction.
 
 pub mod ops;
+pub mod supervision;
 
 use deadpool_postgres::Pool;
 use serde_json::{json, Map, Value};

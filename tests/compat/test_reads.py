@@ -177,3 +177,25 @@ def test_the_timer_client_schedules_peeks_cancels_and_a_timer_arrives_as_a_messa
             assert got[0]["transactionId"] == r["txn"] and got[0]["id"] == r["messageId"]
             assert not await q.timers.peek("reminders", "user:7")
     run(scenario())
+
+
+def test_a_supervised_consume_loop_is_listed_among_live_consumers(broker):
+    import httpx
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            await q.queue("watched-work").push([{"data": i} for i in range(3)])
+            seen = []
+
+            async def handler(message):
+                seen.append(message["data"])
+
+            await (q.queue("watched-work").group("workers").supervision({"group": "billing-app"})
+                   .batch(1).each().limit(3).idle_millis(2000).consume(handler))
+            assert sorted(seen) == [0, 1, 2]
+        async with httpx.AsyncClient() as http:
+            listed = (await http.get(f"{broker.url}/api/v1/consumers?group=billing-app")).json()
+        assert listed["total"] >= 1, listed
+        assert listed["consumers"][0]["engine"] == "python"
+        assert listed["consumers"][0]["pools"][0]["consumer_group"] == "workers"
+    run(scenario())
