@@ -15,6 +15,9 @@ use crate::db::DbError;
 /// The namespace the clients publish in.
 pub const NAMESPACE: &str = "queen-supervisor";
 
+/// One publisher's rows: its head, its chunks by index, its newest write.
+type Slot = (Option<Value>, Vec<(i64, Value)>, chrono::DateTime<chrono::Utc>);
+
 /// Every live consumer (of `group` when given), by group and instance.
 pub async fn consumers(pool: &Pool, group: Option<&str>) -> Result<Value, DbError> {
     let client = pool.get().await?;
@@ -27,8 +30,7 @@ pub async fn consumers(pool: &Pool, group: Option<&str>) -> Result<Value, DbErro
             &[&NAMESPACE, &prefix],
         )
         .await?;
-    // (group/instance) -> (head, chunks by index, updated_at)
-    let mut slots: std::collections::BTreeMap<String, (Option<Value>, Vec<(i64, Value)>, chrono::DateTime<chrono::Utc>)> = Default::default();
+    let mut slots: std::collections::BTreeMap<String, Slot> = Default::default();
     for r in &rows {
         let key: String = r.get(0);
         let value: Value = serde_json::from_str(r.get(1)).unwrap_or(Value::Null);
