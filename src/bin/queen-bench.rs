@@ -1,12 +1,17 @@
 //! `queen-bench`: load generator for a running broker.
 //!
-//! Scenarios: `push`, `consume`, `e2e`, `fanout`, `idle`, `wake`. Each run
+//! Scenarios: `push`, `consume`, `fetch`, `e2e`, `fanout`, `idle`, `wake`,
+//! and the coordination families `kv`, `locks`, `timers`
+//! (src/bench/coordination.rs). Each run
 //! prints a human table and one JSON line (`{"scenario":…}`) for scripts.
 //! Every loop is bounded by a duration; only the given URL is contacted.
 
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+
+#[path = "../bench/coordination.rs"]
+mod coordination;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -21,6 +26,42 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Scenario {
+    /// KV calls per second: single puts, single gets, or 100-put batches
+    Kv {
+        #[arg(long, value_enum, default_value = "put")]
+        mode: coordination::KvMode,
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+    },
+    /// Lock acquire/release cycles per second
+    Locks {
+        #[arg(long, default_value_t = 32)]
+        contenders: usize,
+        /// Distinct lock names the contenders cycle over
+        #[arg(long, default_value_t = 1)]
+        locks: usize,
+        /// Milliseconds a refused contender waits before trying again
+        #[arg(long, default_value_t = 10)]
+        retry_ms: u64,
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+    },
+    /// Schedule timers due over a window, drain them as they fire: lateness and duplicates
+    Timers {
+        #[arg(long, default_value_t = 100_000)]
+        count: usize,
+        /// Seconds from the start of the run to the first due time
+        #[arg(long, default_value_t = 10)]
+        start: u64,
+        /// Seconds the due times spread over
+        #[arg(long, default_value_t = 10)]
+        spread: u64,
+        /// Concurrent scheduling clients
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+    },
     /// Producers only: concurrent clients pushing batches round-robin over partitions
     Push {
         /// Messages per request
@@ -219,6 +260,13 @@ async fn main() {
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
             wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
+        }
+        Scenario::Kv { mode, concurrency, duration } => coordination::kv(&cli.url, mode, concurrency.max(1), Duration::from_secs(duration)).await,
+        Scenario::Locks { contenders, locks, retry_ms, duration } => {
+            coordination::locks(&cli.url, contenders.max(1), locks.max(1), Duration::from_millis(retry_ms), Duration::from_secs(duration)).await
+        }
+        Scenario::Timers { count, start, spread, concurrency } => {
+            coordination::timers(&cli.url, count.max(1), Duration::from_secs(start), Duration::from_secs(spread), concurrency.max(1)).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
         Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace } => {

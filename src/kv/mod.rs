@@ -35,9 +35,15 @@ pub struct Outcome {
     pub failed: Option<usize>,
 }
 
-/// Runs a parsed call in its own transaction.
+/// Runs a parsed call in its own transaction. A call of one operation runs
+/// as one autocommit statement: it is atomic by itself, and a lost verdict
+/// wrote nothing, so there is nothing to roll back (one round trip instead
+/// of three).
 pub async fn run_call(pool: &Pool, operations: &[Op], limits: &KvLimits) -> Result<Outcome, DbError> {
     let mut client = pool.get().await?;
+    if operations.len() == 1 {
+        return run(&client, operations, limits).await;
+    }
     let tx = client.transaction().await?;
     let outcome = run(&tx, operations, limits).await?;
     if outcome.failed.is_none() {
@@ -100,6 +106,12 @@ fn row_json(r: &tokio_postgres::Row, keys_only: bool) -> Value {
 
 const LIVE: &str = "(expires_at IS NULL OR expires_at > now())";
 
+/// Each statement is prepared once per connection: an unprepared one costs
+/// a round trip of its own on every call.
+pub(crate) async fn stmt<C: GenericClient>(client: &C, sql: &str) -> Result<tokio_postgres::Statement, DbError> {
+    Ok(client.prepare_cached(sql).await?)
+}
+
 async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Result<Value, DbError> {
     let write_json = |key: &str, r: tokio_postgres::Row| -> Value {
         let mut m = Map::new();
@@ -116,9 +128,8 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
     };
     Ok(match op {
         Op::Get { ns, key } => {
-            let row = client
-                .query_opt(&format!("SELECT key, value::text, version, expires_at, updated_at FROM queen.kv WHERE ns = $1 AND key = $2 AND {LIVE}"), &[ns, key])
-                .await?;
+            let sql = stmt(client, &format!("SELECT key, value::text, version, expires_at, updated_at FROM queen.kv WHERE ns = $1 AND key = $2 AND {LIVE}")).await?;
+            let row = client.query_opt(&sql, &[ns, key]).await?;
             match row {
                 Some(r) => {
                     let mut v = row_json(&r, false);
@@ -129,15 +140,8 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
             }
         }
         Op::GetMany { ns, keys } => {
-            let rows = client
-                .query(
-                    &format!(
-                        "SELECT key, value::text, version, expires_at, updated_at FROM queen.kv
-                         WHERE ns = $1 AND key = ANY($2) AND {LIVE}"
-                    ),
-                    &[ns, keys],
-                )
-                .await?;
+            let sql = stmt(client, &format!("SELECT key, value::text, version, expires_at, updated_at FROM queen.kv WHERE ns = $1 AND key = ANY($2) AND {LIVE}")).await?;
+            let rows = client.query(&sql, &[ns, keys]).await?;
             let mut found: std::collections::HashMap<String, &tokio_postgres::Row> = rows.iter().map(|r| (r.get(0), r)).collect();
             let (mut out, mut missing, mut bytes, mut truncated) = (Vec::new(), Vec::new(), 0usize, false);
             for k in keys {
@@ -157,16 +161,16 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
             json!({"rows": out, "missing": missing, "truncated": truncated})
         }
         Op::GetPrefix { ns, prefix, after, limit, keys_only } => {
-            let rows = client
-                .query(
-                    &format!(
-                        "SELECT key, CASE WHEN $5 THEN NULL ELSE value::text END, version, expires_at, updated_at FROM queen.kv
-                         WHERE ns = $1 AND starts_with(key, $2) AND ($3::text IS NULL OR key > $3) AND {LIVE}
-                         ORDER BY key LIMIT $4"
-                    ),
-                    &[ns, prefix, after, &(limit + 1), keys_only],
-                )
-                .await?;
+            let sql = stmt(
+                client,
+                &format!(
+                    "SELECT key, CASE WHEN $5 THEN NULL ELSE value::text END, version, expires_at, updated_at FROM queen.kv
+                     WHERE ns = $1 AND starts_with(key, $2) AND ($3::text IS NULL OR key > $3) AND {LIVE}
+                     ORDER BY key LIMIT $4"
+                ),
+            )
+            .await?;
+            let rows = client.query(&sql, &[ns, prefix, after, &(limit + 1), keys_only]).await?;
             let (mut out, mut bytes, mut truncated) = (Vec::new(), 0usize, rows.len() as i64 > *limit);
             for r in rows.iter().take(*limit as usize) {
                 let size = r.get::<_, Option<&str>>(1).map_or(0, str::len) + r.get::<_, &str>(0).len();
@@ -182,20 +186,20 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
         }
         Op::Put { ns, key, value, ttl, expect, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_put_v1($1, $2, $3::text::jsonb, $4, $5)";
-            write_json(key, client.query_one(sql, &[ns, key, value, ttl, expect]).await?)
+            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, value, ttl, expect]).await?)
         }
         Op::Delete { ns, key, expect, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_delete_v1($1, $2, $3)";
-            write_json(key, client.query_one(sql, &[ns, key, expect]).await?)
+            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, expect]).await?)
         }
         Op::Check { ns, key, expect, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_check_v1($1, $2, $3)";
-            write_json(key, client.query_one(sql, &[ns, key, expect]).await?)
+            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, expect]).await?)
         }
         Op::Incr { ns, key, delta, min, max, ttl, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at
                        FROM queen.kv_incr_v1($1, $2, $3::text::numeric, $4::text::numeric, $5::text::numeric, $6)";
-            write_json(key, client.query_one(sql, &[ns, key, delta, min, max, ttl]).await?)
+            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, delta, min, max, ttl]).await?)
         }
     })
 }

@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 use crate::admin::iso_ms;
 use crate::db::DbError;
+use crate::kv::stmt;
 
 /// The KV namespace of permits.
 pub const NAMESPACE: &str = "queen-locks";
@@ -119,7 +120,7 @@ pub fn guard(name: &str, slot: i32, token: i64) -> Value {
 }
 
 async fn holders(client: &deadpool_postgres::Client, name: &str) -> Result<Vec<Holder>, DbError> {
-    let rows = client.query("SELECT * FROM queen.lock_holders_v1($1)", &[&name]).await?;
+    let rows = client.query(&stmt(client, "SELECT * FROM queen.lock_holders_v1($1)").await?, &[&name]).await?;
     Ok(rows
         .iter()
         .map(|r| Holder { slot: r.get(0), owner: r.get(1), token: r.get(2), since: r.get(3), expires_at: r.get(4), renewed_at: r.get(5) })
@@ -139,7 +140,7 @@ pub async fn run(pool: &Pool, ops: &[LockOp]) -> Result<Vec<Value>, DbError> {
         results.push(match op {
             LockOp::Acquire { name, ttl, owner, limit } => {
                 let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                let row = client.query_opt("SELECT * FROM queen.lock_acquire_v1($1, $2, $3, $4)", &[name, ttl, &owner, limit]).await?;
+                let row = client.query_opt(&stmt(&client, "SELECT * FROM queen.lock_acquire_v1($1, $2, $3, $4)").await?, &[name, ttl, &owner, limit]).await?;
                 match row {
                     Some(r) => {
                         let (slot, token, already): (i32, i64, bool) = (r.get(0), r.get(1), r.get(2));
@@ -161,12 +162,8 @@ pub async fn run(pool: &Pool, ops: &[LockOp]) -> Result<Vec<Value>, DbError> {
                     None => None,
                     Some(h) => {
                         let owner = owner.clone().or_else(|| h.owner.clone());
-                        let r = client
-                            .query_one(
-                                "SELECT applied, version, expires_at FROM queen.kv_put_v1($1, $2, jsonb_build_object('owner', $3::text), $4, $5)",
-                                &[&NAMESPACE, &format!("{name}#{}", h.slot), &owner, ttl, token],
-                            )
-                            .await?;
+                        let put = stmt(&client, "SELECT applied, version, expires_at FROM queen.kv_put_v1($1, $2, jsonb_build_object('owner', $3::text), $4, $5)").await?;
+                        let r = client.query_one(&put, &[&NAMESPACE, &format!("{name}#{}", h.slot), &owner, ttl, token]).await?;
                         r.get::<_, Option<bool>>(0).unwrap_or(false).then(|| (h.slot, r.get::<_, i64>(1), r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(2)))
                     }
                 };
@@ -182,7 +179,7 @@ pub async fn run(pool: &Pool, ops: &[LockOp]) -> Result<Vec<Value>, DbError> {
                 let released = match current.iter().find(|h| h.token == *token && slot.is_none_or(|s| s == h.slot)) {
                     None => false,
                     Some(h) => client
-                        .query_one("SELECT applied FROM queen.kv_delete_v1($1, $2, $3)", &[&NAMESPACE, &format!("{name}#{}", h.slot), token])
+                        .query_one(&stmt(&client, "SELECT applied FROM queen.kv_delete_v1($1, $2, $3)").await?, &[&NAMESPACE, &format!("{name}#{}", h.slot), token])
                         .await?
                         .get::<_, Option<bool>>(0)
                         .unwrap_or(false),
