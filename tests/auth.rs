@@ -152,3 +152,28 @@ async fn the_token_subject_is_stamped_as_producer_sub_and_a_client_value_ignored
         .unwrap();
     assert_eq!(popped["messages"][0]["producerSub"], "billing-service");
 }
+
+#[tokio::test]
+async fn a_timer_fires_as_a_message_of_the_subject_that_scheduled_it() {
+    use base64::Engine as _;
+    let b = jwt_broker(&[]).await;
+    let writer = token("write-only", "timer-service");
+    let op = json!({"operations": [{"op": "schedule", "queue": "later", "timerKey": "k", "delayMs": 0, "txn": "t1",
+                                    "payload": base64::engine::general_purpose::STANDARD.encode("{\"x\":1}")}]});
+    let r = b.http.post(format!("{}/api/v1/timers", b.url)).header("authorization", format!("Bearer {writer}")).json(&op).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let unauthenticated = b.http.post(format!("{}/api/v1/timers", b.url)).json(&op).send().await.unwrap();
+    assert_eq!(unauthenticated.status().as_u16(), 401);
+    let admin = token("admin", "ops");
+    let popped: Value = b
+        .http
+        .get(format!("{}/api/v1/pop/queue/later?wait=true&timeout=5000", b.url))
+        .header("authorization", format!("Bearer {admin}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((popped["messages"][0]["producerSub"].clone(), popped["messages"][0]["data"].clone()), (json!("timer-service"), json!({"x": 1})));
+}

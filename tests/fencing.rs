@@ -274,28 +274,6 @@ async fn a_transaction_whose_acks_name_several_leases_but_not_their_own_is_refus
     assert_eq!(out_segments(&b).await, 1);
 }
 
-/// A `QTB1` body: `head` (the JSON bundle without its pushes) and one framed
-/// group of one message to `queue`.
-fn qtb1(head: &Value, queue: &str, txn: &str) -> Vec<u8> {
-    let mut raw = Vec::new();
-    queen::log::Frame { message_id: uuid::Uuid::now_v7(), trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: b"\"result\"" }
-        .encode_into(&mut raw);
-    let z = queen::log::compress_frames(&raw, 3);
-    let head = head.to_string();
-    let mut b = b"QTB1\0".to_vec();
-    b.extend_from_slice(&(head.len() as u32).to_le_bytes());
-    b.extend_from_slice(head.as_bytes());
-    b.extend_from_slice(&1u32.to_le_bytes());
-    for name in [queue, "Default"] {
-        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
-        b.extend_from_slice(name.as_bytes());
-    }
-    b.extend_from_slice(&1u32.to_le_bytes());
-    b.extend_from_slice(&(z.len() as u32).to_le_bytes());
-    b.extend_from_slice(&z);
-    b
-}
-
 #[tokio::test]
 async fn a_binary_transaction_is_fenced_by_its_acks_leases_too() {
     let b = Broker::start().await;
@@ -304,7 +282,7 @@ async fn a_binary_transaction_is_fenced_by_its_acks_leases_too() {
         json!({"operations": [{"type": "ack", "transactionId": "job-1", "partitionId": pid, "status": "completed",
                                "consumerGroup": "g", "leaseId": lease}], "requiredLeases": [lease]})
     };
-    let (status, body) = b.post_raw("/api/v1/transaction", "application/x-queen-push", qtb1(&ack(&zombie_lease), "out", "out-1")).await;
+    let (status, body) = b.post_raw("/api/v1/transaction", "application/x-queen-push", common::qtb1(&ack(&zombie_lease), "out", "out-1")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["success"], false, "{body}");
     let error = body["error"].as_str().unwrap();
@@ -314,7 +292,7 @@ async fn a_binary_transaction_is_fenced_by_its_acks_leases_too() {
     let (live, pid2) = leased(&b, "in", Some("g"), &["job-2"], "").await;
     let live_ack = json!({"operations": [{"type": "ack", "transactionId": "job-2", "partitionId": pid2, "status": "completed",
                                           "consumerGroup": "g", "leaseId": live}], "requiredLeases": [live]});
-    let (status, body) = b.post_raw("/api/v1/transaction", "application/x-queen-push", qtb1(&live_ack, "out", "out-2")).await;
+    let (status, body) = b.post_raw("/api/v1/transaction", "application/x-queen-push", common::qtb1(&live_ack, "out", "out-2")).await;
     assert_eq!((status, body["success"].as_bool()), (200, Some(true)), "{body}");
     assert_eq!(out_segments(&b).await, 1);
     assert_eq!(committed(&b, &pid2, Some("g")).await, Some(1), "job-2 is offset 1 after job-1");

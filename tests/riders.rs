@@ -143,3 +143,23 @@ async fn a_broker_killed_mid_stream_leaves_every_bundle_whole_or_absent() {
         assert!(stored.contains(&format!("t{i}")), "answered bundle {i} is stored");
     }
 }
+
+#[tokio::test]
+async fn a_binary_transaction_carries_its_riders_in_its_head() {
+    use base64::Engine as _;
+    let b = Broker::start().await;
+    let head = json!({"kv": [{"op": "incr", "ns": "bin", "key": "n", "forever": true}],
+                      "timers": [{"op": "schedule", "queue": "bin-later", "timerKey": "k", "delayMs": 60_000, "txn": "bt",
+                                  "payload": base64::engine::general_purpose::STANDARD.encode("1")}]});
+    let (status, body) = b.post_raw("/api/v1/transaction", "application/x-queen-push", common::qtb1(&head, "bin-out", "b1")).await;
+    assert_eq!((status, body["success"].clone()), (200, json!(true)), "{body}");
+    let kinds: Vec<Value> = body["results"].as_array().unwrap().iter().map(|r| r["type"].clone()).collect();
+    assert_eq!(kinds, [json!("push"), json!("kv"), json!("timer")], "pushed items, then kv, then timers");
+    assert_eq!(get(&b, "bin", "n").await["value"], 1);
+    assert_eq!(stored_messages(&b.sql().await, "bin-out", "Default").await.len(), 1);
+    // A lost required verdict in the head refuses the framed pushes too.
+    let head = json!({"kv": [{"op": "check", "ns": "bin", "key": "n", "expect": 999, "required": true}]});
+    let (_, body) = b.post_raw("/api/v1/transaction", "application/x-queen-push", common::qtb1(&head, "bin-out", "b2")).await;
+    assert_eq!((body["reason"].clone(), body["failedIndex"].clone()), (json!("kv_precondition"), json!(1)));
+    assert_eq!(stored_messages(&b.sql().await, "bin-out", "Default").await.len(), 1);
+}

@@ -535,3 +535,25 @@ pub fn flag8_body(queue: &str, partition: &str, frames: &[(&str, &str)], level: 
     b.extend_from_slice(&z);
     (b, z, ids)
 }
+
+/// A `QTB1` body: `head` (the JSON bundle without its pushes) and one framed
+/// group of one message to `queue`.
+pub fn qtb1(head: &serde_json::Value, queue: &str, txn: &str) -> Vec<u8> {
+    let mut raw = Vec::new();
+    queen::log::Frame { message_id: uuid::Uuid::now_v7(), trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: b"\"result\"" }
+        .encode_into(&mut raw);
+    let z = queen::log::compress_frames(&raw, 3);
+    let head = head.to_string();
+    let mut b = b"QTB1\0".to_vec();
+    b.extend_from_slice(&(head.len() as u32).to_le_bytes());
+    b.extend_from_slice(head.as_bytes());
+    b.extend_from_slice(&1u32.to_le_bytes());
+    for name in [queue, "Default"] {
+        b.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        b.extend_from_slice(name.as_bytes());
+    }
+    b.extend_from_slice(&1u32.to_le_bytes());
+    b.extend_from_slice(&(z.len() as u32).to_le_bytes());
+    b.extend_from_slice(&z);
+    b
+}
