@@ -7,7 +7,8 @@
 //! the lease-free reads of the log (fetch, partition discovery, traces,
 //! analytics); `kv` the namespaced keys beside the log and `locks` the
 //! permits kept as KV rows; `timers` the messages scheduled for later and
-//! their fire service; `log` the
+//! their fire service; `streams` the server half of the clients' stream
+//! processors; `log` the
 //! pure byte formats; `crypto` the envelope of encrypted payloads and the
 //! key ring; `db` the pool, claim permits and migrations;
 //! `embedded_pg` the private cluster used when no database is configured,
@@ -33,5 +34,6 @@ pub mod pop;
 pub mod push;
 pub mod reads;
 pub mod registry;
+pub mod streams;
 pub mod telemetry;
 pub mod timers;

@@ -124,6 +124,13 @@ async fn rs256_and_eddsa_tokens_verify_against_the_public_key() {
     }
 }
 
+/// A pop's JSON answer, with an admin's token.
+async fn pop_as_admin(b: &Broker, path: &str) -> Value {
+    let admin = token("admin", "ops");
+    let r = b.http.get(format!("{}{path}", b.url)).header("authorization", format!("Bearer {admin}")).send().await.unwrap();
+    r.json().await.unwrap()
+}
+
 #[tokio::test]
 async fn the_token_subject_is_stamped_as_producer_sub_and_a_client_value_ignored() {
     let b = jwt_broker(&[]).await;
@@ -139,17 +146,7 @@ async fn the_token_subject_is_stamped_as_producer_sub_and_a_client_value_ignored
     assert_eq!(r.status().as_u16(), 201);
     let stored = stored_messages(&b.sql().await, "stamped", "Default").await;
     assert_eq!(stored.len(), 1);
-    let admin = token("admin", "ops");
-    let popped: Value = b
-        .http
-        .get(format!("{}/api/v1/pop/queue/stamped", b.url))
-        .header("authorization", format!("Bearer {admin}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let popped = pop_as_admin(&b, "/api/v1/pop/queue/stamped").await;
     assert_eq!(popped["messages"][0]["producerSub"], "billing-service");
 }
 
@@ -164,16 +161,6 @@ async fn a_timer_fires_as_a_message_of_the_subject_that_scheduled_it() {
     assert_eq!(r.status().as_u16(), 200);
     let unauthenticated = b.http.post(format!("{}/api/v1/timers", b.url)).json(&op).send().await.unwrap();
     assert_eq!(unauthenticated.status().as_u16(), 401);
-    let admin = token("admin", "ops");
-    let popped: Value = b
-        .http
-        .get(format!("{}/api/v1/pop/queue/later?wait=true&timeout=5000", b.url))
-        .header("authorization", format!("Bearer {admin}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let popped = pop_as_admin(&b, "/api/v1/pop/queue/later?wait=true&timeout=5000").await;
     assert_eq!((popped["messages"][0]["producerSub"].clone(), popped["messages"][0]["data"].clone()), (json!("timer-service"), json!({"x": 1})));
 }

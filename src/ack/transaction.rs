@@ -217,41 +217,18 @@ pub async fn run(
     for (op_index, op) in ops.into_iter().enumerate() {
         match op {
             Op::Push(items) => {
-                let plan = PushPlan::new(&items, producer, coalescer.encryption());
-                let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
-                for g in &plan.groups {
-                    let mut frames = Vec::new();
-                    for &idx in &g.leaders {
-                        plan.frame(&items, idx).encode_into(&mut frames);
+                let written = match push_in(&tx, coalescer, &items, producer).await? {
+                    Ok(w) => w,
+                    Err(duplicate) => {
+                        tx.rollback().await?;
+                        return Ok(rolled_back(duplicate));
                     }
-                    let hashes: Vec<i64> = g.leaders.iter().map(|&i| plan.hashes[i]).collect();
-                    match write_segment(&tx, &g.queue, &g.partition, &hashes, &frames, coalescer.config().zstd_level).await? {
-                        SegmentWrite::Written { partition_id, base_offset, .. } => {
-                            for (n, &idx) in g.leaders.iter().enumerate() {
-                                let message_id = plan.message_ids[idx];
-                                outcomes[idx] = Some(Outcome::Queued { message_id, partition_id, offset: base_offset + n as i64 });
-                            }
-                            pushed.push((g.queue.clone(), partition_id, g.partition.clone(), g.leaders.len() as u64));
-                        }
-                        SegmentWrite::Duplicates { dups, .. } => {
-                            let txn = &plan.txns[g.leaders[dups[0].0]];
-                            tx.rollback().await?;
-                            return Ok(rolled_back(format!(
-                                "QDUP duplicate push: transactionId {txn:?} is already in {}/{}",
-                                g.queue, g.partition
-                            )));
-                        }
-                    }
-                }
-                plan.settle_followers(&mut outcomes);
-                for (idx, o) in outcomes.into_iter().enumerate() {
-                    let o = o.expect("every item has an outcome");
-                    let mut r = json!({"index": results.len(), "type": "push", "success": true,
-                                       "transactionId": plan.txns[idx], "messageId": o.message_id().to_string(),
-                                       "queueName": items[idx].queue});
-                    if matches!(o, Outcome::Duplicate { .. }) {
-                        r["duplicate"] = json!(true);
-                    }
+                };
+                pushed.extend(written.pushed);
+                for r in written.results {
+                    let mut r = r;
+                    r["index"] = json!(results.len());
+                    r["type"] = json!("push");
                     results.push(r);
                 }
             }
@@ -320,6 +297,64 @@ pub async fn run(
         pushed,
         released,
     })
+}
+
+/// What [`push_in`] wrote: one result per item (`{success, transactionId,
+/// messageId, queueName, duplicate?}`), and the partitions to wake.
+pub struct Written {
+    pub results: Vec<Value>,
+    pub pushed: Vec<(String, i64, String, u64)>,
+}
+
+/// Pushes `items` on `tx` through the segment writer, as part of the
+/// caller's transaction: the transaction bundles' and the streams cycle's
+/// one push path. In-request duplicates are first-wins; a transactionId
+/// already in its partition is `Err` with the message (the caller rolls
+/// back).
+pub async fn push_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    coalescer: &crate::push::Coalescer,
+    items: &[PushItem<'_>],
+    producer: Option<&str>,
+) -> Result<Result<Written, String>, TxnError> {
+    let plan = PushPlan::new(items, producer, coalescer.encryption());
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
+    let mut pushed = Vec::new();
+    for g in &plan.groups {
+        let mut frames = Vec::new();
+        for &idx in &g.leaders {
+            plan.frame(items, idx).encode_into(&mut frames);
+        }
+        let hashes: Vec<i64> = g.leaders.iter().map(|&i| plan.hashes[i]).collect();
+        match write_segment(tx, &g.queue, &g.partition, &hashes, &frames, coalescer.config().zstd_level).await? {
+            SegmentWrite::Written { partition_id, base_offset, .. } => {
+                for (n, &idx) in g.leaders.iter().enumerate() {
+                    let message_id = plan.message_ids[idx];
+                    outcomes[idx] = Some(Outcome::Queued { message_id, partition_id, offset: base_offset + n as i64 });
+                }
+                pushed.push((g.queue.clone(), partition_id, g.partition.clone(), g.leaders.len() as u64));
+            }
+            SegmentWrite::Duplicates { dups, .. } => {
+                let txn = &plan.txns[g.leaders[dups[0].0]];
+                return Ok(Err(format!("QDUP duplicate push: transactionId {txn:?} is already in {}/{}", g.queue, g.partition)));
+            }
+        }
+    }
+    plan.settle_followers(&mut outcomes);
+    let results = outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(idx, o)| {
+            let o = o.expect("every item has an outcome");
+            let mut r = json!({"success": true, "transactionId": plan.txns[idx], "messageId": o.message_id().to_string(),
+                               "queueName": items[idx].queue});
+            if matches!(o, Outcome::Duplicate { .. }) {
+                r["duplicate"] = json!(true);
+            }
+            r
+        })
+        .collect();
+    Ok(Ok(Written { results, pushed }))
 }
 
 /// An ack without its own lease (API.md §2.4): the partition's current holder

@@ -48,6 +48,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(12, "0012_system_switches.sql"),
     migration!(13, "0013_timers.sql"),
     migration!(14, "0014_kv_contention.sql"),
+    migration!(15, "0015_streams.sql"),
 ];
 
 /// The first migration of the development history squashed into the

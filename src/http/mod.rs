@@ -19,6 +19,7 @@ pub mod push;
 pub mod query;
 pub mod reads;
 pub mod server;
+pub mod streams;
 pub mod system;
 pub mod timers;
 
@@ -183,6 +184,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/timers/{queue}/{*key}", get(timers::peek).delete(timers::cancel))
         .route("/api/v1/resources/kv/namespaces", get(kv::namespaces))
         .route("/api/v1/resources/kv/list", post(kv::list))
+        .route("/streams/v1/queries", post(streams::register))
+        .route("/streams/v1/state/get", post(streams::state_get))
+        .route("/streams/v1/cycle", post(streams::cycle))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
         .route("/api/v1/system/kv-timers", get(system::get_kv_timers).post(system::set_kv_timers))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))

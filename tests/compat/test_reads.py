@@ -1,6 +1,8 @@
 """The client's lease-free reads (issue 28 §2): changed_since walks
 POST /api/v1/partitions/changed page by page and keeps the smallest safeTime."""
 
+import asyncio
+
 from conftest import run
 from queen import Queen
 
@@ -198,4 +200,51 @@ def test_a_supervised_consume_loop_is_listed_among_live_consumers(broker):
         assert listed["total"] >= 1, listed
         assert listed["consumers"][0]["engine"] == "python"
         assert listed["consumers"][0]["pools"][0]["consumer_group"] == "workers"
+    run(scenario())
+
+
+def test_the_stream_processor_filters_maps_and_sums_tumbling_windows_exactly(broker):
+    from queen import Stream
+
+    def payload(m):
+        # What an operator sees: the message, whose payload is under "data".
+        return m["data"] if "data" in m else m
+
+    async def wait_for(q, queue, n, seconds=20):
+        got = []
+        for _ in range(seconds * 10):
+            got += await q.queue(queue).batch(100).wait(False).auto_ack(True).pop()
+            if len(got) >= n:
+                return got
+            await asyncio.sleep(0.1)
+        return got
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            await q.queue("nums").partition("p").push([{"data": {"n": i}} for i in range(10)])
+            evens = await (Stream.from_(q.queue("nums"))
+                           .filter(lambda m: m["data"]["n"] % 2 == 0)
+                           .map(lambda m: {"double": m["data"]["n"] * 2})
+                           .to(q.queue("evens"))
+                           .run(query_id="evens", url=broker.url))
+            got = await wait_for(q, "evens", 5)
+            await evens.stop()
+            assert sorted(m["data"]["double"] for m in got) == [0, 4, 8, 12, 16]
+            # Event-time tumbling windows of 10 s, flushed when idle.
+            base = 1_700_000_000_000
+            events = [{"ts": base + s * 1000, "v": s} for s in range(30)]
+            await q.queue("events").partition("p").push([{"data": e} for e in events])
+            sums = await (Stream.from_(q.queue("events"))
+                          .window_tumbling(seconds=10, event_time=lambda m: payload(m)["ts"], idle_flush_ms=300)
+                          .aggregate({"sum": lambda m: payload(m)["v"], "count": lambda m: 1})
+                          .to(q.queue("sums"))
+                          .run(query_id="sums", url=broker.url))
+            windows = await wait_for(q, "sums", 2)
+            await asyncio.sleep(1)
+            windows += await q.queue("sums").batch(100).wait(False).auto_ack(True).pop()
+            await sums.stop()
+            totals = sorted((w["data"]["count"], w["data"]["sum"]) for w in windows)
+            # The two windows event time has passed, each exactly once; the
+            # third is still open (its end is past the last event).
+            assert totals == [(10, 45), (10, 145)], totals
     run(scenario())
