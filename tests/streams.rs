@@ -209,3 +209,21 @@ async fn a_kill_mid_stream_leaves_no_half_cycle() {
         assert_eq!((count, sink, committed + 1), (count, count, count), "partition {name}: state {count}, sink {sink}, cursor {committed}");
     }
 }
+
+#[tokio::test]
+async fn a_sink_consumer_sees_every_cycle_push_as_it_lands() {
+    let b = Broker::start().await;
+    let (_, r) = register(&b, "feed", "h", false).await;
+    let q = r["query_id"].as_str().unwrap().to_string();
+    b.push_to("src", "p", &[json!(1)]).await;
+    let (pid, _, _) = leased(&b, "streams.feed", 1).await;
+    for n in 0..3 {
+        let (_, c) = b
+            .post("/streams/v1/cycle", json!({"query_id": q, "partition_id": pid, "consumer_group": "streams.feed",
+                "push_items": [{"queue": "sink", "partition": "p", "payload": {"n": n}}], "ack": null}))
+            .await;
+        assert_eq!(c["success"], true, "{c}");
+        let got = b.pop("/api/v1/pop/queue/sink?batch=100&wait=false&autoAck=true").await;
+        assert_eq!(got.data(), [json!({"n": n})], "cycle {n}'s push is delivered to the sink's consumer");
+    }
+}
