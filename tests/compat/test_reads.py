@@ -250,3 +250,53 @@ def test_the_stream_processor_filters_maps_and_sums_tumbling_windows_exactly(bro
             totals = sorted((w["data"]["count"], w["data"]["sum"]) for w in windows)
             assert totals == [(10, 45), (10, 145), (10, 245)], totals
     run(scenario())
+
+
+def test_a_stream_refuses_a_changed_config_unless_reset_and_sums_ten_thousand_messages_exactly(broker):
+    from queen import Stream
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            # 10,000 events over 50 partitions, one event-time window each.
+            parts = 50
+            for p in range(parts):
+                await q.queue("ledger").partition(f"p{p}").push([{"data": {"ts": 1_000 + i, "v": p * 1000 + i}} for i in range(200)])
+
+            def build(seconds):
+                return (Stream.from_(q.queue("ledger"))
+                        .window_tumbling(seconds=seconds, event_time=lambda m: m["data"]["ts"], idle_flush_ms=300)
+                        .aggregate({"sum": lambda v: v["v"], "count": lambda v: 1})
+                        .to(q.queue("totals")))
+
+            runner = await build(10).run(query_id="ledger-sums", url=broker.url)
+            # Close every partition's window with a later event.
+            for p in range(parts):
+                await q.queue("ledger").partition(f"p{p}").push([{"data": {"ts": 60_000, "v": 0}}])
+            got = []
+            for _ in range(300):
+                batch = await q.queue("totals").batch(100).wait(False).pop()
+                for m in batch:
+                    await q.ack(m, True)
+                got += batch
+                if len(got) >= parts:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)
+            extra = await q.queue("totals").batch(100).wait(False).pop()
+            await runner.stop()
+            assert not extra, "no window emitted twice"
+            assert len(got) == parts
+            assert sum(w["data"]["count"] for w in got) == parts * 200
+            assert sum(w["data"]["sum"] for w in got) == sum(p * 1000 * 200 + sum(range(200)) for p in range(parts))
+
+            # Another configuration under the same name is refused, unless reset.
+            from queen.streams.runtime.register import StreamsConfigHashMismatch
+            refused = False
+            try:
+                await build(20).run(query_id="ledger-sums", url=broker.url)
+            except StreamsConfigHashMismatch:
+                refused = True
+            assert refused, "a changed config_hash must be refused"
+            again = await build(20).run(query_id="ledger-sums", url=broker.url, reset=True)
+            await again.stop()
+    run(scenario())
