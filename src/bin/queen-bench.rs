@@ -12,6 +12,8 @@ use clap::{Parser, Subcommand};
 
 #[path = "../bench/coordination.rs"]
 mod coordination;
+#[path = "../bench/streams.rs"]
+mod streams;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -26,6 +28,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Scenario {
+    /// A tumbling-window sum through /streams/v1/cycle beside a plain leased consume of the same messages
+    Streams {
+        #[arg(long, default_value_t = 100_000)]
+        messages: usize,
+        #[arg(long, default_value_t = 20)]
+        partitions: usize,
+        /// Concurrent stream workers (and plain consumers)
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        /// Messages per pop
+        #[arg(long, default_value_t = 200)]
+        batch: usize,
+        #[arg(long, default_value_t = 120)]
+        duration: u64,
+    },
     /// KV calls per second: single puts, single gets, or 100-put batches
     Kv {
         #[arg(long, value_enum, default_value = "put")]
@@ -260,6 +277,21 @@ async fn main() {
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
             wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
+        }
+        Scenario::Streams { messages, partitions, workers, batch, duration } => {
+            let limit = Duration::from_secs(duration);
+            let source = format!("bench.streams.{}", uuid::Uuid::now_v7().simple());
+            prefill(&cli.url, &source, messages, partitions.max(1), payload_pool(100, false)).await;
+            let stream = streams::run_stream(&cli.url, &source, messages, workers.max(1), batch.max(1), limit).await;
+            let plain_queue = format!("bench.streams.plain.{}", uuid::Uuid::now_v7().simple());
+            prefill(&cli.url, &plain_queue, messages, partitions.max(1), payload_pool(100, false)).await;
+            let started = Instant::now();
+            let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false };
+            consume(&cli.url, messages, partitions.max(1), batch.max(1), 1, workers.max(1), how, limit, 100).await;
+            let plain = messages as f64 / started.elapsed().as_secs_f64();
+            println!("streams: {messages} messages over {partitions} partitions, {workers} workers: stream {stream:.0} msg/s, plain leased consume {plain:.0} msg/s, ratio {:.2}", stream / plain);
+            println!("{}", json!({"scenario": "streams", "messages": messages, "partitions": partitions, "workers": workers, "batch": batch,
+                                  "stream_msg_per_s": stream, "plain_msg_per_s": plain, "ratio": stream / plain}));
         }
         Scenario::Kv { mode, concurrency, duration } => coordination::kv(&cli.url, mode, concurrency.max(1), Duration::from_secs(duration)).await,
         Scenario::Locks { contenders, locks, retry_ms, duration } => {

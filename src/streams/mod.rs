@@ -20,6 +20,7 @@ use uuid::Uuid;
 use crate::ack::transaction::{push_in, TxnError};
 use crate::ack::{AckItem, AckService, AckStatus, Fence, Released};
 use crate::db::DbError;
+use crate::kv::stmt;
 use crate::push::validate::PushItem;
 
 /// A registration's answer, or the stored hash it conflicts with.
@@ -50,17 +51,17 @@ pub fn default_group(name: &str) -> String {
 /// time (epoch ms).
 pub async fn state(pool: &Pool, q: &parse::StateGet) -> Result<Value, DbError> {
     let client = pool.get().await?;
-    let rows = client
-        .query(
-            "SELECT key, value::text, updated_at FROM queen.stream_state
-             WHERE query_id = $1 AND partition_id = $2
-               AND (cardinality($3::text[]) = 0 OR key = ANY($3))
-               AND ($4::text IS NULL OR starts_with(key, $4))
-               AND ($5::bigint IS NULL OR ripe_at <= $5)
-             ORDER BY key",
-            &[&q.query, &q.partition_id, &q.keys, &q.prefix, &q.ripe_at_or_before],
-        )
-        .await?;
+    let read = stmt(
+        &client,
+        "SELECT key, value::text, updated_at FROM queen.stream_state
+         WHERE query_id = $1 AND partition_id = $2
+           AND (cardinality($3::text[]) = 0 OR key = ANY($3))
+           AND ($4::text IS NULL OR starts_with(key, $4))
+           AND ($5::bigint IS NULL OR ripe_at <= $5)
+         ORDER BY key",
+    )
+    .await?;
+    let rows = client.query(&read, &[&q.query, &q.partition_id, &q.keys, &q.prefix, &q.ripe_at_or_before]).await?;
     let rows: Vec<Value> = rows
         .iter()
         .map(|r| {
@@ -118,7 +119,8 @@ pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coal
     let refused = |error: String| CycleDone { answer: json!({"success": false, "error": error}), pushed: vec![], released: vec![] };
     let mut client = pool.get().await.map_err(DbError::from)?;
     let tx = client.transaction().await?;
-    if tx.query_opt("SELECT 1 FROM queen.stream_queries WHERE id = $1", &[&c.query]).await?.is_none() {
+    let known = stmt(&tx, "SELECT 1 FROM queen.stream_queries WHERE id = $1").await?;
+    if tx.query_opt(&known, &[&c.query]).await?.is_none() {
         return Ok(refused(format!("query_id {} is not registered", c.query)));
     }
     // 1. The ack, fenced by its lease: a lost lease refuses the whole cycle.
@@ -200,18 +202,19 @@ pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coal
         }
     }
     if !del_keys.is_empty() {
-        tx.execute("DELETE FROM queen.stream_state WHERE query_id = $1 AND partition_id = $2 AND key = ANY($3)", &[&c.query, &c.partition_id, &del_keys])
-            .await?;
+        let delete = stmt(&tx, "DELETE FROM queen.stream_state WHERE query_id = $1 AND partition_id = $2 AND key = ANY($3)").await?;
+        tx.execute(&delete, &[&c.query, &c.partition_id, &del_keys]).await?;
     }
     if !up_keys.is_empty() {
-        tx.execute(
+        let upsert = stmt(
+            &tx,
             "INSERT INTO queen.stream_state (query_id, partition_id, key, value, ripe_at)
              SELECT $1, $2, k, v::jsonb, r FROM unnest($3::text[], $4::text[], $5::bigint[]) AS t (k, v, r)
              ON CONFLICT (query_id, partition_id, key) DO UPDATE
                  SET value = EXCLUDED.value, ripe_at = EXCLUDED.ripe_at, updated_at = now()",
-            &[&c.query, &c.partition_id, &up_keys, &up_values, &up_ripe],
         )
         .await?;
+        tx.execute(&upsert, &[&c.query, &c.partition_id, &up_keys, &up_values, &up_ripe]).await?;
     }
     tx.commit().await?;
     Ok(CycleDone {
