@@ -300,3 +300,84 @@ def test_a_stream_refuses_a_changed_config_unless_reset_and_sums_ten_thousand_me
             again = await build(20).run(query_id="ledger-sums", url=broker.url, reset=True)
             await again.stop()
     run(scenario())
+
+
+def test_a_stream_killed_mid_window_resumes_without_losing_or_repeating_a_window(broker, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import httpx
+    from queen import Stream
+
+    parts, per = 10, 100
+    worker = tmp_path / "stream_worker.py"
+    worker.write_text(
+        "import asyncio, sys, time\n"
+        "from queen import Queen, Stream\n"
+        "def slow(m):\n"
+        "    time.sleep(0.003)\n"
+        "    return m\n"
+        "async def main(url):\n"
+        "    async with Queen(url) as q:\n"
+        "        await (Stream.from_(q.queue('clicks'))\n"
+        "               .map(slow)\n"
+        "               .window_tumbling(seconds=10, event_time=lambda m: m['data']['ts'], idle_flush_ms=200)\n"
+        "               .aggregate({'sum': lambda v: v['data']['v'], 'count': lambda v: 1})\n"
+        "               .to(q.queue('click-totals'))\n"
+        "               .run(query_id='clicks', url=url, batch_size=20))\n"
+        "        await asyncio.sleep(3600)\n"
+        "asyncio.run(main(sys.argv[1]))\n")
+
+    async def drain(q, queue):
+        got = []
+        while True:
+            batch = await q.queue(queue).batch(100).wait(False).pop()
+            if not batch:
+                return got
+            for m in batch:
+                await q.ack(m, True)
+            got += batch
+
+    async def scenario():
+        async with httpx.AsyncClient() as http:
+            # Short leases: the killed worker's batches come back in seconds.
+            r = await http.post(f"{broker.url}/api/v1/configure", json={"queue": "clicks", "options": {"leaseTime": 2}})
+            assert r.status_code == 200
+        async with Queen(broker.url) as q:
+            for p in range(parts):
+                events = [{"data": {"ts": i * 1000, "v": p * 10_000 + i}} for i in range(per)]
+                events.append({"data": {"ts": 500_000, "v": 0}})  # closes every window
+                await q.queue("clicks").partition(f"p{p}").push(events)
+            child = subprocess.Popen([sys.executable, str(worker), broker.url])
+            try:
+                await asyncio.sleep(2.5)
+            finally:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait()
+            first = await drain(q, "click-totals")
+            assert 0 < len(first) < parts * 10, f"the kill came mid-stream ({len(first)} windows out)"
+
+            def slow(m):
+                return m
+
+            runner = await (Stream.from_(q.queue("clicks"))
+                            .map(slow)
+                            .window_tumbling(seconds=10, event_time=lambda m: m["data"]["ts"], idle_flush_ms=200)
+                            .aggregate({"sum": lambda v: v["data"]["v"], "count": lambda v: 1})
+                            .to(q.queue("click-totals"))
+                            .run(query_id="clicks", url=broker.url, batch_size=20))
+            rest = []
+            for _ in range(300):
+                rest += await drain(q, "click-totals")
+                if len(first) + len(rest) >= parts * 10:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)
+            rest += await drain(q, "click-totals")
+            await runner.stop()
+            windows = first + rest
+            assert len(windows) == parts * 10, f"{len(windows)} windows: none lost, none twice"
+            assert all(w["data"]["count"] == 10 for w in windows)
+            assert sum(w["data"]["sum"] for w in windows) == sum(p * 10_000 * per + sum(range(per)) for p in range(parts))
+    run(scenario())
