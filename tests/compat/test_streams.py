@@ -1,0 +1,189 @@
+"""The client's own stream processor against the broker (issue 30):
+operators into a sink, event-time tumbling windows, exact totals over many
+partitions, a changed configuration, and a processor killed mid-window."""
+
+import asyncio
+
+from conftest import run
+from queen import Queen
+
+
+def test_the_stream_processor_filters_maps_and_sums_tumbling_windows_exactly(broker):
+    from queen import Stream
+
+    async def wait_for(q, queue, n, seconds=20):
+        # Leased pops acked at once (the builder's auto_ack is the consume
+        # loop's, not the pop's): a leased batch would hold the partition.
+        got = []
+        for _ in range(seconds * 10):
+            batch = await q.queue(queue).batch(100).wait(False).pop()
+            for m in batch:
+                await q.ack(m, True)
+            got += batch
+            if len(got) >= n:
+                return got
+            await asyncio.sleep(0.1)
+        return got
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            await q.queue("nums").partition("p").push([{"data": {"n": i}} for i in range(10)])
+            evens = await (Stream.from_(q.queue("nums"))
+                           .filter(lambda m: m["data"]["n"] % 2 == 0)
+                           .map(lambda m: {"double": m["data"]["n"] * 2})
+                           .to(q.queue("evens"))
+                           .run(query_id="evens", url=broker.url))
+            got = await wait_for(q, "evens", 5)
+            await evens.stop()
+            assert sorted(m["data"]["double"] for m in got) == [0, 4, 8, 12, 16]
+            # Event-time tumbling windows of 10 s, flushed when idle.
+            base = 1_700_000_000_000
+            events = [{"ts": base + s * 1000, "v": s} for s in range(30)]
+            await q.queue("events").partition("p").push([{"data": e} for e in events])
+            sums = await (Stream.from_(q.queue("events"))
+                          .window_tumbling(seconds=10, event_time=lambda m: m["data"]["ts"], idle_flush_ms=300)
+                          .aggregate({"sum": lambda v: v["v"], "count": lambda v: 1})
+                          .to(q.queue("sums"))
+                          .run(query_id="sums", url=broker.url))
+            windows = await wait_for(q, "sums", 2)
+            # The third window closes when event time passes its end.
+            await q.queue("events").partition("p").push([{"data": {"ts": base + 45_000, "v": 1000}}])
+            windows += await wait_for(q, "sums", 3 - len(windows))
+            await asyncio.sleep(1)
+            windows += await wait_for(q, "sums", 1, seconds=1)
+            await sums.stop()
+            totals = sorted((w["data"]["count"], w["data"]["sum"]) for w in windows)
+            assert totals == [(10, 45), (10, 145), (10, 245)], totals
+    run(scenario())
+
+
+def test_a_stream_refuses_a_changed_config_unless_reset_and_sums_ten_thousand_messages_exactly(broker):
+    from queen import Stream
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            # 10,000 events over 50 partitions, one event-time window each.
+            parts = 50
+            for p in range(parts):
+                await q.queue("ledger").partition(f"p{p}").push([{"data": {"ts": 1_000 + i, "v": p * 1000 + i}} for i in range(200)])
+
+            def build(seconds):
+                return (Stream.from_(q.queue("ledger"))
+                        .window_tumbling(seconds=seconds, event_time=lambda m: m["data"]["ts"], idle_flush_ms=300)
+                        .aggregate({"sum": lambda v: v["v"], "count": lambda v: 1})
+                        .to(q.queue("totals")))
+
+            runner = await build(10).run(query_id="ledger-sums", url=broker.url)
+            # Close every partition's window with a later event.
+            for p in range(parts):
+                await q.queue("ledger").partition(f"p{p}").push([{"data": {"ts": 60_000, "v": 0}}])
+            got = []
+            for _ in range(300):
+                batch = await q.queue("totals").batch(100).wait(False).pop()
+                for m in batch:
+                    await q.ack(m, True)
+                got += batch
+                if len(got) >= parts:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)
+            extra = await q.queue("totals").batch(100).wait(False).pop()
+            await runner.stop()
+            assert not extra, "no window emitted twice"
+            assert len(got) == parts
+            assert sum(w["data"]["count"] for w in got) == parts * 200
+            assert sum(w["data"]["sum"] for w in got) == sum(p * 1000 * 200 + sum(range(200)) for p in range(parts))
+
+            # Another configuration under the same name is refused, unless reset.
+            from queen.streams.runtime.register import StreamsConfigHashMismatch
+            refused = False
+            try:
+                await build(20).run(query_id="ledger-sums", url=broker.url)
+            except StreamsConfigHashMismatch:
+                refused = True
+            assert refused, "a changed config_hash must be refused"
+            again = await build(20).run(query_id="ledger-sums", url=broker.url, reset=True)
+            await again.stop()
+    run(scenario())
+
+
+def test_a_stream_killed_mid_window_resumes_without_losing_or_repeating_a_window(broker, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import httpx
+    from queen import Stream
+
+    parts, per = 10, 100
+    worker = tmp_path / "stream_worker.py"
+    worker.write_text(
+        "import asyncio, sys, time\n"
+        "from queen import Queen, Stream\n"
+        "def slow(m):\n"
+        "    time.sleep(0.003)\n"
+        "    return m\n"
+        "async def main(url):\n"
+        "    async with Queen(url) as q:\n"
+        "        await (Stream.from_(q.queue('clicks'))\n"
+        "               .map(slow)\n"
+        "               .window_tumbling(seconds=10, event_time=lambda m: m['data']['ts'], idle_flush_ms=200)\n"
+        "               .aggregate({'sum': lambda v: v['data']['v'], 'count': lambda v: 1})\n"
+        "               .to(q.queue('click-totals'))\n"
+        "               .run(query_id='clicks', url=url, batch_size=20))\n"
+        "        await asyncio.sleep(3600)\n"
+        "asyncio.run(main(sys.argv[1]))\n")
+
+    async def drain(q, queue):
+        got = []
+        while True:
+            batch = await q.queue(queue).batch(100).wait(False).pop()
+            if not batch:
+                return got
+            for m in batch:
+                await q.ack(m, True)
+            got += batch
+
+    async def scenario():
+        async with httpx.AsyncClient() as http:
+            # Short leases: the killed worker's batches come back in seconds.
+            r = await http.post(f"{broker.url}/api/v1/configure", json={"queue": "clicks", "options": {"leaseTime": 2}})
+            assert r.status_code == 200
+        async with Queen(broker.url) as q:
+            for p in range(parts):
+                events = [{"data": {"ts": i * 1000, "v": p * 10_000 + i}} for i in range(per)]
+                events.append({"data": {"ts": 500_000, "v": 0}})  # closes every window
+                await q.queue("clicks").partition(f"p{p}").push(events)
+            child = subprocess.Popen([sys.executable, str(worker), broker.url])
+            try:
+                await asyncio.sleep(2.5)
+            finally:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait()
+            first = await drain(q, "click-totals")
+            assert 0 < len(first) < parts * 10, f"the kill came mid-stream ({len(first)} windows out)"
+
+            def slow(m):
+                return m
+
+            runner = await (Stream.from_(q.queue("clicks"))
+                            .map(slow)
+                            .window_tumbling(seconds=10, event_time=lambda m: m["data"]["ts"], idle_flush_ms=200)
+                            .aggregate({"sum": lambda v: v["data"]["v"], "count": lambda v: 1})
+                            .to(q.queue("click-totals"))
+                            .run(query_id="clicks", url=broker.url, batch_size=20))
+            rest = []
+            for _ in range(300):
+                rest += await drain(q, "click-totals")
+                if len(first) + len(rest) >= parts * 10:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1)
+            rest += await drain(q, "click-totals")
+            await runner.stop()
+            windows = first + rest
+            assert len(windows) == parts * 10, f"{len(windows)} windows: none lost, none twice"
+            assert all(w["data"]["count"] == 10 for w in windows)
+            assert sum(w["data"]["sum"] for w in windows) == sum(p * 10_000 * per + sum(range(per)) for p in range(parts))
+    run(scenario())
+
