@@ -187,3 +187,61 @@ def test_a_stream_killed_mid_window_resumes_without_losing_or_repeating_a_window
             assert sum(w["data"]["sum"] for w in windows) == sum(p * 10_000 * per + sum(range(per)) for p in range(parts))
     run(scenario())
 
+
+
+async def _drain_acked(q, queue, want, seconds=20):
+    """Pops and acks `queue` until `want` messages came or `seconds` passed."""
+    got = []
+    for _ in range(seconds * 10):
+        batch = await q.queue(queue).batch(100).wait(False).pop()
+        for m in batch:
+            await q.ack(m, True)
+        got += batch
+        if len(got) >= want:
+            break
+        await asyncio.sleep(0.1)
+    return got
+
+
+def test_two_streams_read_one_source_each_exactly_and_sessions_close_on_their_gap(broker):
+    from queen import Stream
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            # Two streams over one source, each with its own group and state.
+            await q.queue("orders").partition("a").push([{"data": {"ts": i * 1000, "amount": i}} for i in range(20)])
+            await q.queue("orders").partition("a").push([{"data": {"ts": 100_000, "amount": 0}}])
+
+            def totals(sink):
+                return (Stream.from_(q.queue("orders"))
+                        .window_tumbling(seconds=10, event_time=lambda m: m["data"]["ts"], idle_flush_ms=200)
+                        .aggregate({"sum": lambda v: v["amount"], "count": lambda v: 1})
+                        .to(q.queue(sink)))
+
+            first = await totals("orders-sum-1").run(query_id="orders-1", url=broker.url)
+            second = await totals("orders-sum-2").run(query_id="orders-2", url=broker.url)
+            one = await _drain_acked(q, "orders-sum-1", 2)
+            two = await _drain_acked(q, "orders-sum-2", 2)
+            await asyncio.sleep(0.5)
+            one += await _drain_acked(q, "orders-sum-1", 1, seconds=1)
+            two += await _drain_acked(q, "orders-sum-2", 1, seconds=1)
+            await first.stop()
+            await second.stop()
+            for got in (one, two):
+                assert sorted((w["data"]["count"], w["data"]["sum"]) for w in got) == [(10, 45), (10, 145)]
+
+            # Sessions: bursts of activity separated by more than the gap.
+            bursts = [0, 1_000, 2_000, 30_000, 31_000, 90_000]
+            await q.queue("visits").partition("u1").push([{"data": {"ts": t, "n": 1}} for t in bursts])
+            await q.queue("visits").partition("u1").push([{"data": {"ts": 500_000, "n": 1}}])
+            sessions = await (Stream.from_(q.queue("visits"))
+                              .window_session(gap=10, event_time=lambda m: m["data"]["ts"], idle_flush_ms=200)
+                              .aggregate({"count": lambda v: 1})
+                              .to(q.queue("sessions"))
+                              .run(query_id="visits", url=broker.url))
+            got = await _drain_acked(q, "sessions", 3)
+            await asyncio.sleep(0.5)
+            got += await _drain_acked(q, "sessions", 1, seconds=1)
+            await sessions.stop()
+            assert sorted(w["data"]["count"] for w in got) == [1, 2, 3], [w["data"] for w in got]
+    run(scenario())
