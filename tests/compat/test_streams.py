@@ -8,22 +8,25 @@ from conftest import run
 from queen import Queen
 
 
+async def drain_acked(q, queue, want=None, seconds=20):
+    """Pops `queue` and acks at once what it gets (a leased batch left
+    unacked would hold its partition; the builder's auto_ack is the consume
+    loop's, not the pop's), until `want` messages came, or, without `want`,
+    until a pop comes back empty; at most `seconds`."""
+    got = []
+    for _ in range(seconds * 10):
+        batch = await q.queue(queue).batch(100).wait(False).pop()
+        for m in batch:
+            await q.ack(m, True)
+        got += batch
+        if (want is None and not batch) or (want is not None and len(got) >= want):
+            break
+        await asyncio.sleep(0.1)
+    return got
+
+
 def test_the_stream_processor_filters_maps_and_sums_tumbling_windows_exactly(broker):
     from queen import Stream
-
-    async def wait_for(q, queue, n, seconds=20):
-        # Leased pops acked at once (the builder's auto_ack is the consume
-        # loop's, not the pop's): a leased batch would hold the partition.
-        got = []
-        for _ in range(seconds * 10):
-            batch = await q.queue(queue).batch(100).wait(False).pop()
-            for m in batch:
-                await q.ack(m, True)
-            got += batch
-            if len(got) >= n:
-                return got
-            await asyncio.sleep(0.1)
-        return got
 
     async def scenario():
         async with Queen(broker.url) as q:
@@ -33,7 +36,7 @@ def test_the_stream_processor_filters_maps_and_sums_tumbling_windows_exactly(bro
                            .map(lambda m: {"double": m["data"]["n"] * 2})
                            .to(q.queue("evens"))
                            .run(query_id="evens", url=broker.url))
-            got = await wait_for(q, "evens", 5)
+            got = await drain_acked(q, "evens", 5)
             await evens.stop()
             assert sorted(m["data"]["double"] for m in got) == [0, 4, 8, 12, 16]
             # Event-time tumbling windows of 10 s, flushed when idle.
@@ -45,12 +48,12 @@ def test_the_stream_processor_filters_maps_and_sums_tumbling_windows_exactly(bro
                           .aggregate({"sum": lambda v: v["v"], "count": lambda v: 1})
                           .to(q.queue("sums"))
                           .run(query_id="sums", url=broker.url))
-            windows = await wait_for(q, "sums", 2)
+            windows = await drain_acked(q, "sums", 2)
             # The third window closes when event time passes its end.
             await q.queue("events").partition("p").push([{"data": {"ts": base + 45_000, "v": 1000}}])
-            windows += await wait_for(q, "sums", 3 - len(windows))
+            windows += await drain_acked(q, "sums", 3 - len(windows))
             await asyncio.sleep(1)
-            windows += await wait_for(q, "sums", 1, seconds=1)
+            windows += await drain_acked(q, "sums", 1, seconds=1)
             await sums.stop()
             totals = sorted((w["data"]["count"], w["data"]["sum"]) for w in windows)
             assert totals == [(10, 45), (10, 145), (10, 245)], totals
@@ -77,15 +80,7 @@ def test_a_stream_refuses_a_changed_config_unless_reset_and_sums_ten_thousand_me
             # Close every partition's window with a later event.
             for p in range(parts):
                 await q.queue("ledger").partition(f"p{p}").push([{"data": {"ts": 60_000, "v": 0}}])
-            got = []
-            for _ in range(300):
-                batch = await q.queue("totals").batch(100).wait(False).pop()
-                for m in batch:
-                    await q.ack(m, True)
-                got += batch
-                if len(got) >= parts:
-                    break
-                await asyncio.sleep(0.1)
+            got = await drain_acked(q, "totals", parts, seconds=30)
             await asyncio.sleep(1)
             extra = await q.queue("totals").batch(100).wait(False).pop()
             await runner.stop()
@@ -134,16 +129,6 @@ def test_a_stream_killed_mid_window_resumes_without_losing_or_repeating_a_window
         "        await asyncio.sleep(3600)\n"
         "asyncio.run(main(sys.argv[1]))\n")
 
-    async def drain(q, queue):
-        got = []
-        while True:
-            batch = await q.queue(queue).batch(100).wait(False).pop()
-            if not batch:
-                return got
-            for m in batch:
-                await q.ack(m, True)
-            got += batch
-
     async def scenario():
         async with httpx.AsyncClient() as http:
             # Short leases: the killed worker's batches come back in seconds.
@@ -160,7 +145,7 @@ def test_a_stream_killed_mid_window_resumes_without_losing_or_repeating_a_window
             finally:
                 os.kill(child.pid, signal.SIGKILL)
                 child.wait()
-            first = await drain(q, "click-totals")
+            first = await drain_acked(q, "click-totals")
             assert 0 < len(first) < parts * 10, f"the kill came mid-stream ({len(first)} windows out)"
 
             def slow(m):
@@ -174,12 +159,12 @@ def test_a_stream_killed_mid_window_resumes_without_losing_or_repeating_a_window
                             .run(query_id="clicks", url=broker.url, batch_size=20))
             rest = []
             for _ in range(300):
-                rest += await drain(q, "click-totals")
+                rest += await drain_acked(q, "click-totals")
                 if len(first) + len(rest) >= parts * 10:
                     break
                 await asyncio.sleep(0.1)
             await asyncio.sleep(1)
-            rest += await drain(q, "click-totals")
+            rest += await drain_acked(q, "click-totals")
             await runner.stop()
             windows = first + rest
             assert len(windows) == parts * 10, f"{len(windows)} windows: none lost, none twice"
@@ -188,19 +173,6 @@ def test_a_stream_killed_mid_window_resumes_without_losing_or_repeating_a_window
     run(scenario())
 
 
-
-async def _drain_acked(q, queue, want, seconds=20):
-    """Pops and acks `queue` until `want` messages came or `seconds` passed."""
-    got = []
-    for _ in range(seconds * 10):
-        batch = await q.queue(queue).batch(100).wait(False).pop()
-        for m in batch:
-            await q.ack(m, True)
-        got += batch
-        if len(got) >= want:
-            break
-        await asyncio.sleep(0.1)
-    return got
 
 
 def test_two_streams_read_one_source_each_exactly_and_sessions_close_on_their_gap(broker):
@@ -220,11 +192,11 @@ def test_two_streams_read_one_source_each_exactly_and_sessions_close_on_their_ga
 
             first = await totals("orders-sum-1").run(query_id="orders-1", url=broker.url)
             second = await totals("orders-sum-2").run(query_id="orders-2", url=broker.url)
-            one = await _drain_acked(q, "orders-sum-1", 2)
-            two = await _drain_acked(q, "orders-sum-2", 2)
+            one = await drain_acked(q, "orders-sum-1", 2)
+            two = await drain_acked(q, "orders-sum-2", 2)
             await asyncio.sleep(0.5)
-            one += await _drain_acked(q, "orders-sum-1", 1, seconds=1)
-            two += await _drain_acked(q, "orders-sum-2", 1, seconds=1)
+            one += await drain_acked(q, "orders-sum-1", 1, seconds=1)
+            two += await drain_acked(q, "orders-sum-2", 1, seconds=1)
             await first.stop()
             await second.stop()
             for got in (one, two):
@@ -239,9 +211,9 @@ def test_two_streams_read_one_source_each_exactly_and_sessions_close_on_their_ga
                               .aggregate({"count": lambda v: 1})
                               .to(q.queue("sessions"))
                               .run(query_id="visits", url=broker.url))
-            got = await _drain_acked(q, "sessions", 3)
+            got = await drain_acked(q, "sessions", 3)
             await asyncio.sleep(0.5)
-            got += await _drain_acked(q, "sessions", 1, seconds=1)
+            got += await drain_acked(q, "sessions", 1, seconds=1)
             await sessions.stop()
             assert sorted(w["data"]["count"] for w in got) == [1, 2, 3], [w["data"] for w in got]
     run(scenario())
