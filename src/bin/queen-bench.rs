@@ -26,6 +26,13 @@ struct Cli {
     scenario: Scenario,
 }
 
+/// One side of `queen-bench streams`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StreamSide {
+    Stream,
+    Plain,
+}
+
 #[derive(Subcommand)]
 enum Scenario {
     /// A tumbling-window sum through /streams/v1/cycle beside a plain leased consume of the same messages
@@ -42,6 +49,10 @@ enum Scenario {
         batch: usize,
         #[arg(long, default_value_t = 120)]
         duration: u64,
+        /// Run one side only (`stream` or `plain`), so that the CPU each
+        /// process spends can be sampled for it alone (scripts/bench-streams.sh)
+        #[arg(long)]
+        only: Option<StreamSide>,
     },
     /// KV calls per second: single puts, single gets, or 100-put batches
     Kv {
@@ -278,20 +289,29 @@ async fn main() {
         Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
             wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
         }
-        Scenario::Streams { messages, partitions, workers, batch, duration } => {
+        Scenario::Streams { messages, partitions, workers, batch, duration, only } => {
             let limit = Duration::from_secs(duration);
-            let source = format!("bench.streams.{}", uuid::Uuid::now_v7().simple());
-            prefill(&cli.url, &source, messages, partitions.max(1), payload_pool(100, false)).await;
-            let stream = streams::run_stream(&cli.url, &source, messages, workers.max(1), batch.max(1), limit).await;
-            let plain_queue = format!("bench.streams.plain.{}", uuid::Uuid::now_v7().simple());
-            prefill(&cli.url, &plain_queue, messages, partitions.max(1), payload_pool(100, false)).await;
-            let started = Instant::now();
-            let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false };
-            consume(&cli.url, messages, partitions.max(1), batch.max(1), 1, workers.max(1), how, limit, 100).await;
-            let plain = messages as f64 / started.elapsed().as_secs_f64();
-            println!("streams: {messages} messages over {partitions} partitions, {workers} workers: stream {stream:.0} msg/s, plain leased consume {plain:.0} msg/s, ratio {:.2}", stream / plain);
+            let (workers, batch, partitions) = (workers.max(1), batch.max(1), partitions.max(1));
+            let side = |s: StreamSide| only.is_none_or(|o| o == s);
+            let (mut stream, mut plain) = (None, None);
+            if side(StreamSide::Stream) {
+                let source = format!("bench.streams.{}", uuid::Uuid::now_v7().simple());
+                prefill(&cli.url, &source, messages, partitions, payload_pool(100, false)).await;
+                println!("prefilled {messages} messages for the stream");
+                stream = Some(streams::run_stream(&cli.url, &source, messages, workers, batch, limit).await);
+            }
+            if side(StreamSide::Plain) {
+                let plain_queue = format!("bench.streams.plain.{}", uuid::Uuid::now_v7().simple());
+                prefill(&cli.url, &plain_queue, messages, partitions, payload_pool(100, false)).await;
+                println!("prefilled {messages} messages for the plain consume");
+                let started = Instant::now();
+                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false };
+                consume(&cli.url, messages, partitions, batch, 1, workers, how, limit, 100).await;
+                plain = Some(messages as f64 / started.elapsed().as_secs_f64());
+            }
+            let ratio = stream.zip(plain).map(|(s, p)| s / p);
             println!("{}", json!({"scenario": "streams", "messages": messages, "partitions": partitions, "workers": workers, "batch": batch,
-                                  "stream_msg_per_s": stream, "plain_msg_per_s": plain, "ratio": stream / plain}));
+                                  "stream_msg_per_s": stream, "plain_msg_per_s": plain, "ratio": ratio}));
         }
         Scenario::Kv { mode, concurrency, duration } => coordination::kv(&cli.url, mode, concurrency.max(1), Duration::from_secs(duration)).await,
         Scenario::Locks { contenders, locks, retry_ms, duration } => {

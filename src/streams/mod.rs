@@ -119,23 +119,36 @@ pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coal
     let refused = |error: String| CycleDone { answer: json!({"success": false, "error": error}), pushed: vec![], released: vec![] };
     let mut client = pool.get().await.map_err(DbError::from)?;
     let tx = client.transaction().await?;
-    let known = stmt(&tx, "SELECT 1 FROM queen.stream_queries WHERE id = $1").await?;
-    if tx.query_opt(&known, &[&c.query]).await?.is_none() {
+    // The state ops and the query check are one statement, sent on the
+    // connection together with the ack's (pipelined: one round trip for
+    // both). Were the ack refused or the query unknown, the rollback
+    // below undoes the state ops with the rest.
+    let state = apply_state(&tx, c);
+    let ack = async {
+        match &c.ack {
+            Some(a) => {
+                let item = AckItem {
+                    transaction_id: a.transaction_id.clone(),
+                    partition_id: c.partition_id.to_string(),
+                    status: AckStatus::normalize(a.status.as_deref()),
+                    error: None,
+                    lease_id: a.lease_id.clone(),
+                    group: c.group.clone(),
+                };
+                acks.ack_on(&tx, std::slice::from_ref(&item), Fence::Always).await.map(Some)
+            }
+            None => Ok(None),
+        }
+    };
+    let (known, acked) = tokio::join!(state, ack);
+    if !known? {
+        tx.rollback().await?;
         return Ok(refused(format!("query_id {} is not registered", c.query)));
     }
     // 1. The ack, fenced by its lease: a lost lease refuses the whole cycle.
     let mut released = Vec::new();
     let mut ack_result = Value::Null;
-    if let Some(a) = &c.ack {
-        let item = AckItem {
-            transaction_id: a.transaction_id.clone(),
-            partition_id: c.partition_id.to_string(),
-            status: AckStatus::normalize(a.status.as_deref()),
-            error: None,
-            lease_id: a.lease_id.clone(),
-            group: c.group.clone(),
-        };
-        let (outcomes, rel) = acks.ack_on(&tx, std::slice::from_ref(&item), Fence::Always).await?;
+    if let (Some(a), Some((outcomes, rel))) = (&c.ack, acked?) {
         let o = &outcomes[0];
         if !o.success {
             tx.rollback().await?;
@@ -178,7 +191,20 @@ pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coal
             }
         }
     }
-    // 3. The state: the last op on a key decides it, as the ops are ordered.
+    tx.commit().await?;
+    Ok(CycleDone {
+        answer: json!({"success": true, "query_id": c.query, "partition_id": c.partition_id.to_string(),
+                       "state_ops_applied": c.state_ops.len(), "push_results": push_results, "ack_result": ack_result}),
+        pushed,
+        released,
+    })
+}
+
+/// A cycle's state ops in one statement that also checks the query is
+/// registered (false: it is not, and nothing was written). The last op on a
+/// key decides it, as the ops are ordered, so deleted and upserted keys are
+/// disjoint.
+async fn apply_state(tx: &deadpool_postgres::Transaction<'_>, c: &Cycle<'_>) -> Result<bool, DbError> {
     let mut last: Vec<&StateOp> = Vec::new();
     let mut seen = std::collections::HashMap::new();
     for op in &c.state_ops {
@@ -201,26 +227,18 @@ pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coal
             StateOp::Delete { key } => del_keys.push(key.as_str()),
         }
     }
-    if !del_keys.is_empty() {
-        let delete = stmt(&tx, "DELETE FROM queen.stream_state WHERE query_id = $1 AND partition_id = $2 AND key = ANY($3)").await?;
-        tx.execute(&delete, &[&c.query, &c.partition_id, &del_keys]).await?;
-    }
-    if !up_keys.is_empty() {
-        let upsert = stmt(
-            &tx,
-            "INSERT INTO queen.stream_state (query_id, partition_id, key, value, ripe_at)
-             SELECT $1, $2, k, v::jsonb, r FROM unnest($3::text[], $4::text[], $5::bigint[]) AS t (k, v, r)
-             ON CONFLICT (query_id, partition_id, key) DO UPDATE
-                 SET value = EXCLUDED.value, ripe_at = EXCLUDED.ripe_at, updated_at = now()",
-        )
-        .await?;
-        tx.execute(&upsert, &[&c.query, &c.partition_id, &up_keys, &up_values, &up_ripe]).await?;
-    }
-    tx.commit().await?;
-    Ok(CycleDone {
-        answer: json!({"success": true, "query_id": c.query, "partition_id": c.partition_id.to_string(),
-                       "state_ops_applied": c.state_ops.len(), "push_results": push_results, "ack_result": ack_result}),
-        pushed,
-        released,
-    })
+    let apply = stmt(
+        tx,
+        "WITH q AS (SELECT id FROM queen.stream_queries WHERE id = $1),
+         del AS (DELETE FROM queen.stream_state s USING q
+                 WHERE s.query_id = q.id AND s.partition_id = $2 AND s.key = ANY($3::text[])),
+         up AS (INSERT INTO queen.stream_state (query_id, partition_id, key, value, ripe_at)
+                SELECT q.id, $2, k, v::jsonb, r FROM q, unnest($4::text[], $5::text[], $6::bigint[]) AS t (k, v, r)
+                ON CONFLICT (query_id, partition_id, key) DO UPDATE
+                    SET value = EXCLUDED.value, ripe_at = EXCLUDED.ripe_at, updated_at = now())
+         SELECT count(*) FROM q",
+    )
+    .await?;
+    let row = tx.query_one(&apply, &[&c.query, &c.partition_id, &del_keys, &up_keys, &up_values, &up_ripe]).await?;
+    Ok(row.get::<_, i64>(0) > 0)
 }
