@@ -221,3 +221,27 @@ def test_event_time_lateness_drops_or_includes_late_events_by_policy(broker):
             assert included == [(0, 5, 2 + 4 + 6 + 19 + 8), (10_000, 1, 28)]
             assert late == 0
     run(scenario())
+
+
+def test_reduce_folds_a_processing_time_window_that_idle_flush_closes_without_new_events(broker):
+    from queen import Stream
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            out = []
+            runner = await (Stream.from_(q.queue("orders"))
+                            .window_tumbling(seconds=1, idle_flush_ms=200)
+                            .reduce(lambda acc, v: {"n": acc["n"] + 1, "total": acc["total"] + v["amount"]},
+                                    {"n": 0, "total": 0})
+                            .foreach(lambda v: out.append(v))
+                            .run(query_id="orders-per-second", url=broker.url))
+            await q.queue("orders").partition("p").push([{"data": {"amount": a}} for a in range(1, 13)])
+            await settled(runner, 12)
+            # No later message arrives: the wall clock alone closes the window.
+            await until(lambda: sum(v["n"] for v in out) >= 12, seconds=5)
+            await asyncio.sleep(1.5)
+            await runner.stop()
+            assert sum(v["n"] for v in out) == 12, out
+            assert sum(v["total"] for v in out) == sum(range(1, 13)), out
+            assert len(out) <= 2  # one window, or two when the push straddled a second
+    run(scenario())
