@@ -187,14 +187,17 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     });
     let flush_every = config.file_buffer_flush;
     let config_limits = config.limits.clone();
+    let config_ephemeral = config.ephemeral.clone();
     crate::http::body::set_body_timeout(config.limits.body_timeout);
     let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global(), spool,
         push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
-        traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()), switches };
+        traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()), switches,
+        ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)) };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     spawn_timer_fire(state.clone(), stop_services.subscribe());
+    spawn_ephemeral_sweeper(state.ephemeral.clone(), stop_services.subscribe());
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
         let pop = pop.clone();
@@ -236,6 +239,21 @@ fn spawn_spool_replayer(state: AppState, every: Duration, mut shutdown: broadcas
 /// Fires due timers (`timers::fire`) every `QUEEN_TIMERS_INTERVAL_MS`, at
 /// once again while batches come back full, and wakes the consumers of what
 /// it pushed.
+/// Once a second: ephemeral messages past their TTL, idle groups and idle
+/// implicit queues go, and the ephemeral gauges are set.
+fn spawn_ephemeral_sweeper(ephemeral: Arc<crate::ephemeral::Ephemeral>, mut shutdown: broadcast::Receiver<()>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => ephemeral.sweep(),
+                _ = shutdown.recv() => return,
+            }
+        }
+    });
+}
+
 fn spawn_timer_fire(state: AppState, mut shutdown: broadcast::Receiver<()>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(state.config.timers_interval);

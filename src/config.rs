@@ -206,6 +206,9 @@ pub struct Config {
     /// one transaction fires.
     pub timers_interval: Duration,
     pub timers_batch: i64,
+    /// Ephemeral queues: the switch, the broker-wide budget, a new queue's
+    /// bounds.
+    pub ephemeral: crate::ephemeral::EphemeralConfig,
 }
 
 /// KV's settings (`QUEEN_KV_*`).
@@ -501,6 +504,23 @@ impl Config {
                 },
                 sweep_interval: ms(&["QUEEN_KV_SWEEP_INTERVAL_MS"], 1000, 10)?,
             },
+            ephemeral: crate::ephemeral::EphemeralConfig {
+                enabled: env.boolean(&["QUEEN_EPHEMERAL_ENABLED"], true)?,
+                max_bytes: match env.get(&["QUEEN_EPHEMERAL_MAX_BYTES"]) {
+                    Some(_) => env.parse(&["QUEEN_EPHEMERAL_MAX_BYTES"], 0u64, "a byte count of at least 1024", |v| *v >= 1024)?,
+                    None => env.parse(&["QUEEN_EPHEMERAL_MAX_MB"], 256u64, "a number of MiB from 1 to 1048576", |v| (1..=1 << 20).contains(v))? << 20,
+                },
+                defaults: crate::ephemeral::Options {
+                    max_bytes: env.parse(&["QUEEN_EPHEMERAL_QUEUE_MAX_BYTES"], 16u64 << 20, "a byte count of at least 1024", |v| *v >= 1024)?,
+                    max_length: env.parse(&["QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH"], 10_000usize, "a message count from 1 to 100000000", |v| (1..=100_000_000).contains(v))?,
+                    policy: crate::ephemeral::Policy::Reject,
+                    ttl: None,
+                    lease: Duration::from_secs(env.parse(&["QUEEN_EPHEMERAL_LEASE_S"], 30u64, "seconds from 1 to 3600", |v| (1..=3600).contains(v))?),
+                    retry_limit: env.parse(&["QUEEN_EPHEMERAL_RETRY_LIMIT"], 5u32, "a count from 0 to 1000", |v| *v <= 1000)?,
+                    window_buffer: None,
+                },
+                idle: Duration::from_secs(env.parse(&["QUEEN_EPHEMERAL_IMPLICIT_IDLE_S"], 300u64, "seconds of at least 1", |v| *v >= 1)?),
+            },
             limits: Limits {
                 max_connections: env.parse(&["QUEEN_MAX_CONNECTIONS"], 10_000usize, "a connection count of at least 1", |v| *v >= 1)?,
                 header_timeout: ms(&["QUEEN_HEADER_TIMEOUT_MS"], 10_000, 10)?,
@@ -542,6 +562,14 @@ impl Config {
         ("QUEEN_KV_MAX_READ_BYTES", "4194304", "bytes of keys and values one getMany or getPrefix answers before it says truncated"),
         ("QUEEN_KV_PREFIX_LIMIT", "1000", "ceiling a getPrefix limit is clamped to"),
         ("QUEEN_KV_SWEEP_INTERVAL_MS", "1000", "ms between passes of the sweeper that reclaims expired keys (they are invisible from the moment they expire)"),
+        ("QUEEN_EPHEMERAL_ENABLED", "true", "serve ephemeral (in-memory) queues; false answers their routes 503 ephemeral_disabled"),
+        ("QUEEN_EPHEMERAL_MAX_MB", "256", "memory all ephemeral queues together may hold (payloads plus 64 bytes a message); a push past it answers 503 ephemeral_memory_full"),
+        ("QUEEN_EPHEMERAL_MAX_BYTES", "", "the same budget in bytes; wins over QUEEN_EPHEMERAL_MAX_MB when set"),
+        ("QUEEN_EPHEMERAL_QUEUE_MAX_BYTES", "16777216", "a new ephemeral queue's maxBytes"),
+        ("QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH", "10000", "a new ephemeral queue's maxLength"),
+        ("QUEEN_EPHEMERAL_LEASE_S", "30", "a new ephemeral queue's leaseSeconds"),
+        ("QUEEN_EPHEMERAL_RETRY_LIMIT", "5", "a new ephemeral queue's retryLimit (deliveries after the first before a message is dropped)"),
+        ("QUEEN_EPHEMERAL_IMPLICIT_IDLE_S", "300", "seconds after which an unused, empty, never configured ephemeral queue is removed, and an unused group stops holding its queue's messages"),
         ("QUEEN_APPLY_SCHEMA", "true", "apply pending migrations at boot"),
         ("LOG_LEVEL (or RUST_LOG)", "info", "log filter (tracing EnvFilter syntax)"),
         ("QUEEN_LOG_JSON", "false", "log as JSON lines"),

@@ -23,6 +23,7 @@ pub mod config;
 pub mod crypto;
 pub mod db;
 pub mod embedded_pg;
+pub mod ephemeral;
 pub mod http;
 pub mod json;
 pub mod kv;

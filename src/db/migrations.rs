@@ -49,6 +49,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(13, "0013_timers.sql"),
     migration!(14, "0014_kv_contention.sql"),
     migration!(15, "0015_streams.sql"),
+    migration!(16, "0016_ephemeral_switch.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -34,12 +34,13 @@ impl InFlight {
         if !path.starts_with("/api/") {
             return None;
         }
-        Some(if method == Method::POST && path == "/api/v1/push" {
+        Some(if method == Method::POST && (path == "/api/v1/push" || path == "/api/v1/ephemeral/push") {
             ("push", &self.push)
-        } else if path.starts_with("/api/v1/pop") || path == "/api/v1/fetch" {
+        } else if path.starts_with("/api/v1/pop") || path == "/api/v1/fetch" || path == "/api/v1/ephemeral/pop" {
             // A fetch long-polls as a pop does: it counts with them.
             ("pop", &self.pop)
         } else if path.starts_with("/api/v1/ack")
+            || path == "/api/v1/ephemeral/ack"
             || path.starts_with("/api/v1/lease/")
             || path == "/api/v1/transaction"
             || (method == Method::POST && (path == "/api/v1/traces" || path == "/api/v1/kv" || path == "/api/v1/locks" || path == "/api/v1/timers"))

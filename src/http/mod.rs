@@ -7,6 +7,7 @@ pub mod admin;
 pub mod analytics;
 pub mod auth;
 pub mod body;
+pub mod ephemeral;
 pub mod error;
 pub mod health;
 pub mod kv;
@@ -54,8 +55,11 @@ pub struct AppState {
     pub push_maintenance: Arc<std::sync::atomic::AtomicBool>,
     pub inflight: Arc<limits::InFlight>,
     pub traces: crate::reads::traces::TraceWriter,
-    /// The switches every broker honours (the KV and timers kill switch).
+    /// The switches every broker honours (the KV, timers and ephemeral kill
+    /// switches).
     pub switches: Arc<crate::admin::switches::Switches>,
+    /// This broker's ephemeral (in-memory) queues.
+    pub ephemeral: Arc<crate::ephemeral::Ephemeral>,
 }
 
 impl AppState {
@@ -63,6 +67,12 @@ impl AppState {
     /// no operator switched it off.
     pub fn kv_enabled(&self) -> bool {
         self.config.kv.enabled && !self.switches.is_off("kv")
+    }
+
+    /// Whether ephemeral queues serve: the environment allows them and no
+    /// operator switched them off.
+    pub fn ephemeral_enabled(&self) -> bool {
+        self.config.ephemeral.enabled && !self.switches.is_off("ephemeral")
     }
 
     /// Whether scheduling timers is allowed (the fire never stops).
@@ -184,11 +194,20 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/timers/{queue}/{*key}", get(timers::peek).delete(timers::cancel))
         .route("/api/v1/resources/kv/namespaces", get(kv::namespaces))
         .route("/api/v1/resources/kv/list", post(kv::list))
+        .route("/api/v1/ephemeral/push", post(ephemeral::push))
+        .route("/api/v1/ephemeral/pop", get(ephemeral::pop))
+        .route("/api/v1/ephemeral/ack", post(ephemeral::ack))
+        .route("/api/v1/ephemeral/configure", post(ephemeral::configure))
+        .route("/api/v1/ephemeral/reset", post(ephemeral::reset))
+        .route("/api/v1/ephemeral/queue/{queue}", axum::routing::delete(ephemeral::delete))
+        .route("/api/v1/ephemeral/queues", get(ephemeral::queues))
+        .route("/api/v1/ephemeral/queues/{queue}/depth", get(ephemeral::depth))
         .route("/streams/v1/queries", post(streams::register))
         .route("/streams/v1/state/get", post(streams::state_get))
         .route("/streams/v1/cycle", post(streams::cycle))
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
         .route("/api/v1/system/kv-timers", get(system::get_kv_timers).post(system::set_kv_timers))
+        .route("/api/v1/system/ephemeral", get(system::get_ephemeral).post(system::set_ephemeral))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

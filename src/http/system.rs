@@ -94,6 +94,25 @@ pub async fn set_kv_timers(
     Ok(get_kv_timers(State(state)).await)
 }
 
+pub async fn get_ephemeral(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"enabled": state.ephemeral_enabled(), "allowedByEnvironment": state.config.ephemeral.enabled,
+                "usedBytes": state.ephemeral.used_bytes(), "maxBytes": state.config.ephemeral.max_bytes}))
+}
+
+/// `{"enabled": bool}`: the ephemeral kill switch, kept in the database like
+/// the KV one so every broker honours it. Off, every ephemeral verb answers
+/// 503 and the queues keep what they hold (a reset or delete frees it).
+pub async fn set_ephemeral(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Value>, ApiError> {
+    let enabled = enabled_flag(headers, body).await?;
+    state.switches.set(&state.pool, "ephemeral", enabled).await?;
+    tracing::info!(enabled, "ephemeral switched");
+    Ok(get_ephemeral(State(state)).await)
+}
+
 /// The spool as the operator sees it: where, how much, whether a replay is due.
 fn buffers(state: &AppState) -> Value {
     match &state.spool {

@@ -1,0 +1,302 @@
+//! `/api/v1/ephemeral/*` (issue 33): parse, hand to [`crate::ephemeral`],
+//! render. Refusals are `{error, detail}` (and `field` for a bad request),
+//! the `error` being the stable code the clients branch on:
+//! `ephemeral_bad_request` (400), `ephemeral_queue_not_found` (404, depth
+//! only: push and pop create a queue, reset and delete say they did
+//! nothing), `ephemeral_request_too_large` (413), `ephemeral_queue_full`
+//! (429), `ephemeral_memory_full` and `ephemeral_disabled` (503); 429 and 503
+//! carry `Retry-After`.
+// The helpers answer a refusal as the response itself, ready to return.
+#![allow(clippy::result_large_err)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use super::query::Params;
+use super::AppState;
+use crate::ephemeral::{Refusal, QUEUE_MODE};
+
+/// Longest queue, partition and group name.
+const MAX_NAME: usize = 256;
+/// Longest long-poll a pop may ask for.
+const MAX_WAIT_MS: i64 = 60_000;
+
+fn refuse(status: StatusCode, code: &str, detail: &str) -> Response {
+    let mut r = (status, Json(json!({"error": code, "detail": detail}))).into_response();
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn bad(field: &str, detail: &str) -> Response {
+    (StatusCode::BAD_REQUEST, Json(json!({"error": "ephemeral_bad_request", "field": field, "detail": format!("{field}: {detail}")})))
+        .into_response()
+}
+
+fn disabled(state: &AppState) -> Option<Response> {
+    (!state.ephemeral_enabled()).then(|| {
+        refuse(StatusCode::SERVICE_UNAVAILABLE, "ephemeral_disabled", "ephemeral queues are switched off (QUEEN_EPHEMERAL_ENABLED, or /api/v1/system/ephemeral)")
+    })
+}
+
+fn name(field: &str, v: Option<&str>) -> Result<String, Response> {
+    match v.map(str::trim) {
+        None | Some("") => Err(bad(field, "required, a non-empty string")),
+        Some(s) if s.len() > MAX_NAME => Err(bad(field, &format!("at most {MAX_NAME} bytes"))),
+        Some(s) => Ok(s.to_string()),
+    }
+}
+
+fn optional_name(field: &str, v: Option<&str>) -> Result<Option<String>, Response> {
+    match v {
+        None => Ok(None),
+        Some(_) => name(field, v).map(Some),
+    }
+}
+
+async fn body_bytes(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<bytes::Bytes, Response> {
+    super::body::read_limited(headers, body, state.config.max_body_bytes).await.map_err(IntoResponse::into_response)
+}
+
+async fn json_object(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Map<String, Value>, Response> {
+    let bytes = body_bytes(state, headers, body).await?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(bad("body", "must be a JSON object")),
+        Err(e) => Err(bad("body", &format!("not JSON: {e}"))),
+    }
+}
+
+#[derive(Deserialize)]
+struct PushBody {
+    queue: Option<String>,
+    partition: Option<String>,
+    messages: Option<Vec<PushMessage>>,
+}
+
+#[derive(Deserialize)]
+struct PushMessage {
+    payload: Option<Box<RawValue>>,
+    /// The older clients' spelling of `payload`.
+    data: Option<Box<RawValue>>,
+}
+
+/// `POST /api/v1/ephemeral/push` → `{pushed}`.
+pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
+    if let Some(r) = disabled(&state) {
+        return r;
+    }
+    let bytes = match body_bytes(&state, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parsed: PushBody = match serde_json::from_slice(&bytes) {
+        Ok(p) => p,
+        Err(e) => return bad("body", &format!("not a push body {{queue, partition?, messages:[{{payload}}]}}: {e}")),
+    };
+    let queue = match name("queue", parsed.queue.as_deref()) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let partition = match optional_name("partition", parsed.partition.as_deref()) {
+        Ok(p) => p.unwrap_or_else(|| "Default".to_string()),
+        Err(r) => return r,
+    };
+    let Some(messages) = parsed.messages else { return bad("messages", "required, an array of {payload}") };
+    let mut payloads = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        match m.payload.or(m.data) {
+            Some(p) => payloads.push(Arc::<RawValue>::from(p)),
+            None => return bad(&format!("messages[{i}].payload"), "required (null is a payload: write \"payload\": null)"),
+        }
+    }
+    if payloads.is_empty() {
+        return Json(json!({"pushed": 0})).into_response();
+    }
+    match state.ephemeral.push(&queue, &partition, payloads) {
+        Ok(n) => Json(json!({"pushed": n, "queue": queue, "partition": partition})).into_response(),
+        Err(Refusal::Full { detail }) => refuse(StatusCode::TOO_MANY_REQUESTS, "ephemeral_queue_full", &detail),
+        Err(Refusal::TooLarge { detail }) => refuse(StatusCode::PAYLOAD_TOO_LARGE, "ephemeral_request_too_large", &detail),
+        Err(Refusal::MemoryFull) => refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ephemeral_memory_full",
+            "the broker's memory for ephemeral queues (QUEEN_EPHEMERAL_MAX_MB) is full",
+        ),
+    }
+}
+
+#[derive(Serialize)]
+struct Popped<'a> {
+    id: &'a str,
+    partition: &'a str,
+    payload: &'a RawValue,
+    attempts: u32,
+}
+
+/// `GET /api/v1/ephemeral/pop?queue&partition&batch&wait&timeout&group&autoAck`
+/// → `{queue, messages:[{id, partition, payload, attempts}]}` (an empty
+/// list when there was nothing).
+pub async fn pop(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
+    if let Some(r) = disabled(&state) {
+        return r;
+    }
+    let p = match Params::parse(raw) {
+        Ok(p) => p,
+        Err(e) => return bad("query", &e.to_string()),
+    };
+    let flag = |k: &str| -> Result<bool, Response> {
+        match p.text(k) {
+            None => Ok(false),
+            Some(v) => crate::config::parse_bool(&v).ok_or_else(|| bad(k, &format!("must be true or false, got {v:?}"))),
+        }
+    };
+    let int = |k: &str, default: i64, min: i64, max: i64| p.int(k, default, min, max).map_err(|e| bad(k, &e.to_string()));
+    let parsed = (|| {
+        let queue = name("queue", p.text("queue").as_deref())?;
+        let partition = optional_name("partition", p.text("partition").as_deref())?;
+        let group = optional_name("group", p.text("group").or_else(|| p.text("consumerGroup")).as_deref())?;
+        let batch = int("batch", 1, 1, 10_000)? as usize;
+        let wait = flag("wait")?;
+        let timeout = int("timeout", 30_000, 0, MAX_WAIT_MS)?;
+        let commit = flag("autoAck")? || flag("auto_ack")?;
+        Ok::<_, Response>((queue, partition, group, batch, wait.then(|| Duration::from_millis(timeout as u64)), commit))
+    })();
+    let (queue, partition, group, batch, wait, commit) = match parsed {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let group = group.unwrap_or_else(|| QUEUE_MODE.to_string());
+    let got = state.ephemeral.pop(&queue, &group, partition.as_deref(), batch, commit, wait).await;
+    let messages: Vec<Popped> =
+        got.iter().map(|m| Popped { id: &m.id, partition: &m.partition, payload: &m.payload, attempts: m.attempts }).collect();
+    #[derive(Serialize)]
+    struct Answer<'a> {
+        queue: &'a str,
+        messages: Vec<Popped<'a>>,
+    }
+    Json(Answer { queue: &queue, messages }).into_response()
+}
+
+/// `POST /api/v1/ephemeral/ack` `{queue, group?, acks:[{id, status?, error?}]}`
+/// → `{results:[{id, outcome}]}`.
+pub async fn ack(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
+    if let Some(r) = disabled(&state) {
+        return r;
+    }
+    let body = match json_object(&state, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let queue = match name("queue", body.get("queue").and_then(Value::as_str)) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let group = match body.get("group").or_else(|| body.get("consumerGroup")) {
+        None | Some(Value::Null) => QUEUE_MODE.to_string(),
+        Some(v) => match name("group", v.as_str()) {
+            Ok(g) => g,
+            Err(r) => return r,
+        },
+    };
+    let Some(list) = body.get("acks").and_then(Value::as_array) else { return bad("acks", "required, an array of {id, status?}") };
+    let mut acks = Vec::with_capacity(list.len());
+    for (i, a) in list.iter().enumerate() {
+        let Some(id) = a.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()) else {
+            return bad(&format!("acks[{i}].id"), "required, the id a pop answered");
+        };
+        let settle = match a.get("status") {
+            None | Some(Value::Null) | Some(Value::Bool(true)) => true,
+            Some(Value::Bool(false)) => false,
+            Some(Value::String(s)) => match s.to_ascii_lowercase().as_str() {
+                "completed" | "success" | "acked" | "ok" => true,
+                "failed" | "retry" | "error" => false,
+                _ => return bad(&format!("acks[{i}].status"), "completed, failed or retry"),
+            },
+            Some(_) => return bad(&format!("acks[{i}].status"), "completed, failed or retry"),
+        };
+        acks.push((id, settle));
+    }
+    let outcomes = state.ephemeral.ack(&queue, &group, &acks);
+    let results: Vec<Value> = acks
+        .iter()
+        .zip(outcomes)
+        .map(|((id, _), o)| {
+            let mut r = json!({"id": id, "outcome": o.as_str()});
+            if o == crate::ephemeral::Outcome::Dropped {
+                r["dropped"] = json!(true);
+            }
+            r
+        })
+        .collect();
+    Json(json!({"queue": queue, "results": results})).into_response()
+}
+
+/// `POST /api/v1/ephemeral/configure` `{queue, options}`.
+pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
+    if let Some(r) = disabled(&state) {
+        return r;
+    }
+    let body = match json_object(&state, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let queue = match name("queue", body.get("queue").and_then(Value::as_str)) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let empty = Map::new();
+    let options = match body.get("options") {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(o)) => o,
+        Some(_) => return bad("options", "must be an object"),
+    };
+    match state.ephemeral.configure(&queue, options) {
+        Ok(answer) => Json(answer).into_response(),
+        Err((field, problem)) => bad(&field, &problem),
+    }
+}
+
+/// `POST /api/v1/ephemeral/reset` `{queue}` → `{dropped}`.
+pub async fn reset(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
+    if let Some(r) = disabled(&state) {
+        return r;
+    }
+    let body = match json_object(&state, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match name("queue", body.get("queue").and_then(Value::as_str)) {
+        Ok(queue) => Json(json!({"queue": queue, "dropped": state.ephemeral.reset(&queue)})).into_response(),
+        Err(r) => r,
+    }
+}
+
+/// `DELETE /api/v1/ephemeral/queue/{queue}` → `{deleted}`.
+pub async fn delete(State(state): State<AppState>, Path(queue): Path<String>) -> Response {
+    if let Some(r) = disabled(&state) {
+        return r;
+    }
+    Json(json!({"queue": queue, "deleted": state.ephemeral.delete(&queue)})).into_response()
+}
+
+/// `GET /api/v1/ephemeral/queues`.
+pub async fn queues(State(state): State<AppState>) -> Response {
+    Json(state.ephemeral.list(state.ephemeral_enabled())).into_response()
+}
+
+/// `GET /api/v1/ephemeral/queues/{queue}/depth`.
+pub async fn depth(State(state): State<AppState>, Path(queue): Path<String>) -> Response {
+    match state.ephemeral.depth(&queue) {
+        Some(d) => Json(d).into_response(),
+        None => refuse(StatusCode::NOT_FOUND, "ephemeral_queue_not_found", &format!("no ephemeral queue {queue:?} on this broker")),
+    }
+}
