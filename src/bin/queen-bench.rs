@@ -1,8 +1,8 @@
 //! `queen-bench`: load generator for a running broker.
 //!
 //! Scenarios: `push`, `consume`, `fetch`, `e2e`, `fanout`, `idle`, `wake`,
-//! and the coordination families `kv`, `locks`, `timers`
-//! (src/bench/coordination.rs). Each run
+//! the coordination families `kv`, `locks`, `timers`
+//! (src/bench/coordination.rs), `streams` and `ephemeral`. Each run
 //! prints a human table and one JSON line (`{"scenario":…}`) for scripts.
 //! Every loop is bounded by a duration; only the given URL is contacted.
 
@@ -12,6 +12,8 @@ use clap::{Parser, Subcommand};
 
 #[path = "../bench/coordination.rs"]
 mod coordination;
+#[path = "../bench/ephemeral.rs"]
+mod ephemeral;
 #[path = "../bench/streams.rs"]
 mod streams;
 use serde_json::json;
@@ -35,6 +37,20 @@ enum StreamSide {
 
 #[derive(Subcommand)]
 enum Scenario {
+    /// An ephemeral queue beside a durable one: push, pop+ack, wake, RSS per million queued
+    Ephemeral {
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: usize,
+        #[arg(long, default_value_t = 10)]
+        partitions: usize,
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        /// Wake trials (a parked pop woken by one push)
+        #[arg(long, default_value_t = 200)]
+        trials: usize,
+    },
     /// A tumbling-window sum through /streams/v1/cycle beside a plain leased consume of the same messages
     Streams {
         #[arg(long, default_value_t = 100_000)]
@@ -288,6 +304,9 @@ async fn main() {
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
             wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
+        }
+        Scenario::Ephemeral { messages, partitions, clients, batch, trials } => {
+            ephemeral::run(&cli.url, messages.max(1), partitions.max(1), clients.max(1), batch.max(1), trials).await
         }
         Scenario::Streams { messages, partitions, workers, batch, duration, only } => {
             let limit = Duration::from_secs(duration);

@@ -44,7 +44,7 @@ impl Message {
 }
 
 struct Partition {
-    name: String,
+    name: Arc<str>,
     /// Sequence of `ring[0]`.
     base: u64,
     ring: VecDeque<Message>,
@@ -59,8 +59,11 @@ impl Partition {
 
 struct Lease {
     no: u64,
+    /// The delivered sequences, ascending, and which are answered (acked
+    /// or nacked).
     seqs: Vec<u64>,
-    /// Messages of the lease not acked or nacked yet.
+    answered: Vec<bool>,
+    /// Messages of the lease not answered yet.
     open: usize,
     expires: Instant,
 }
@@ -109,7 +112,7 @@ struct Group {
 /// A delivered message, as the pop answers it.
 pub struct Delivered {
     pub id: String,
-    pub partition: String,
+    pub partition: Arc<str>,
     pub payload: Arc<RawValue>,
     pub attempts: u32,
 }
@@ -234,7 +237,7 @@ impl QueueState {
             return i;
         }
         let i = self.partitions.len();
-        self.partitions.push(Partition { name: name.to_string(), base: 0, ring: VecDeque::new(), bytes: 0 });
+        self.partitions.push(Partition { name: Arc::from(name), base: 0, ring: VecDeque::new(), bytes: 0 });
         self.by_name.insert(name.to_string(), i);
         for g in self.groups.values_mut() {
             g.cursors.push(Cursor::default());
@@ -383,11 +386,11 @@ impl QueueState {
     }
 
     fn group(&mut self, name: &str, now: Instant) -> &mut Group {
-        let parts = &self.partitions;
-        let g = self.groups.entry(name.to_string()).or_insert_with(|| Group {
-            cursors: parts.iter().map(|p| Cursor { next: p.base, ..Cursor::default() }).collect(),
-            last_used: now,
-        });
+        if !self.groups.contains_key(name) {
+            let cursors = self.partitions.iter().map(|p| Cursor { next: p.base, ..Cursor::default() }).collect();
+            self.groups.insert(name.to_string(), Group { cursors, last_used: now });
+        }
+        let g = self.groups.get_mut(name).expect("just made");
         g.last_used = now;
         g
     }
@@ -402,8 +405,8 @@ impl QueueState {
             return;
         }
         let lease = c.lease.take().expect("checked");
-        for seq in lease.seqs {
-            if seq >= c.next && !c.settled.contains(&seq) && c.attempts.get(&seq).is_some_and(|&a| a > limit) {
+        for (seq, answered) in lease.seqs.into_iter().zip(lease.answered) {
+            if !answered && seq >= c.next && !c.settled.contains(&seq) && c.attempts.get(&seq).is_some_and(|&a| a > limit) {
                 c.settle(seq);
                 self.counters.dropped_retries += 1;
             }
@@ -503,7 +506,7 @@ impl QueueState {
                 self.trim(p);
             } else {
                 let open = seqs.len();
-                c.lease = Some(Lease { no: lease, seqs, open, expires: now + lease_time });
+                c.lease = Some(Lease { no: lease, answered: vec![false; open], seqs, open, expires: now + lease_time });
             }
         }
         self.counters.delivered += out.len() as u64;
@@ -525,12 +528,12 @@ impl QueueState {
         let Some(g) = self.groups.get_mut(group) else { return Outcome::Unknown };
         g.last_used = now;
         let c = &mut g.cursors[p];
-        let live = c.lease.as_ref().is_some_and(|l| l.no == id.lease && l.seqs.contains(&id.seq));
-        if !live {
+        let slot = c.lease.as_ref().filter(|l| l.no == id.lease).and_then(|l| l.seqs.binary_search(&id.seq).ok());
+        let Some(slot) = slot.filter(|&k| !c.lease.as_ref().expect("found").answered[k]) else {
             // Settled already (a repeated ack): the same answer again.
             let done = id.seq < c.next || c.settled.contains(&id.seq);
             return if done && settle { Outcome::Acked } else { Outcome::Unknown };
-        }
+        };
         if c.settled.contains(&id.seq) || id.seq < c.next {
             return Outcome::Acked;
         }
@@ -544,7 +547,7 @@ impl QueueState {
             Outcome::Redelivered
         };
         let lease = c.lease.as_mut().expect("live");
-        lease.seqs.retain(|&s| s != id.seq);
+        lease.answered[slot] = true;
         lease.open -= 1;
         if lease.open == 0 {
             c.lease = None;
@@ -560,7 +563,7 @@ impl QueueState {
 
     /// `(partition, depth, bytes)` of every partition.
     pub fn partitions(&self) -> impl Iterator<Item = (&str, usize, u64)> {
-        self.partitions.iter().map(|p| (p.name.as_str(), p.ring.len(), p.bytes))
+        self.partitions.iter().map(|p| (&*p.name, p.ring.len(), p.bytes))
     }
 
     /// `(group, pending, in flight)` of every group: messages it has not

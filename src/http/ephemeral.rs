@@ -186,34 +186,55 @@ pub async fn pop(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Resp
     Json(Answer { queue: &queue, messages }).into_response()
 }
 
+#[derive(Deserialize)]
+struct AckBody<'a> {
+    #[serde(borrow)]
+    queue: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, alias = "consumerGroup")]
+    group: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    acks: Option<Vec<AckEntry<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct AckEntry<'a> {
+    #[serde(borrow)]
+    id: Option<std::borrow::Cow<'a, str>>,
+    status: Option<Value>,
+}
+
 /// `POST /api/v1/ephemeral/ack` `{queue, group?, acks:[{id, status?, error?}]}`
 /// → `{results:[{id, outcome}]}`.
 pub async fn ack(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
     if let Some(r) = disabled(&state) {
         return r;
     }
-    let body = match json_object(&state, &headers, body).await {
+    let bytes = match body_bytes(&state, &headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let queue = match name("queue", body.get("queue").and_then(Value::as_str)) {
+    let parsed: AckBody = match serde_json::from_slice(&bytes) {
+        Ok(p) => p,
+        Err(e) => return bad("body", &format!("not an ack body {{queue, group?, acks:[{{id, status?}}]}}: {e}")),
+    };
+    let queue = match name("queue", parsed.queue.as_deref()) {
         Ok(q) => q,
         Err(r) => return r,
     };
-    let group = match body.get("group").or_else(|| body.get("consumerGroup")) {
-        None | Some(Value::Null) => QUEUE_MODE.to_string(),
-        Some(v) => match name("group", v.as_str()) {
+    let group = match parsed.group.as_deref() {
+        None => QUEUE_MODE.to_string(),
+        Some(g) => match name("group", Some(g)) {
             Ok(g) => g,
             Err(r) => return r,
         },
     };
-    let Some(list) = body.get("acks").and_then(Value::as_array) else { return bad("acks", "required, an array of {id, status?}") };
+    let Some(list) = parsed.acks else { return bad("acks", "required, an array of {id, status?}") };
     let mut acks = Vec::with_capacity(list.len());
     for (i, a) in list.iter().enumerate() {
-        let Some(id) = a.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()) else {
+        let Some(id) = a.id.as_deref().filter(|s| !s.is_empty()) else {
             return bad(&format!("acks[{i}].id"), "required, the id a pop answered");
         };
-        let settle = match a.get("status") {
+        let settle = match &a.status {
             None | Some(Value::Null) | Some(Value::Bool(true)) => true,
             Some(Value::Bool(false)) => false,
             Some(Value::String(s)) => match s.to_ascii_lowercase().as_str() {
@@ -226,18 +247,24 @@ pub async fn ack(State(state): State<AppState>, headers: HeaderMap, body: axum::
         acks.push((id, settle));
     }
     let outcomes = state.ephemeral.ack(&queue, &group, &acks);
-    let results: Vec<Value> = acks
+    #[derive(Serialize)]
+    struct Result<'a> {
+        id: &'a str,
+        outcome: &'static str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        dropped: bool,
+    }
+    #[derive(Serialize)]
+    struct Answer<'a> {
+        queue: &'a str,
+        results: Vec<Result<'a>>,
+    }
+    let results = acks
         .iter()
         .zip(outcomes)
-        .map(|((id, _), o)| {
-            let mut r = json!({"id": id, "outcome": o.as_str()});
-            if o == crate::ephemeral::Outcome::Dropped {
-                r["dropped"] = json!(true);
-            }
-            r
-        })
+        .map(|(&(id, _), o)| Result { id, outcome: o.as_str(), dropped: o == crate::ephemeral::Outcome::Dropped })
         .collect();
-    Json(json!({"queue": queue, "results": results})).into_response()
+    Json(Answer { queue: &queue, results }).into_response()
 }
 
 /// `POST /api/v1/ephemeral/configure` `{queue, options}`.
