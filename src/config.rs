@@ -563,7 +563,7 @@ impl Config {
         ("QUEEN_KV_PREFIX_LIMIT", "1000", "ceiling a getPrefix limit is clamped to"),
         ("QUEEN_KV_SWEEP_INTERVAL_MS", "1000", "ms between passes of the sweeper that reclaims expired keys (they are invisible from the moment they expire)"),
         ("QUEEN_EPHEMERAL_ENABLED", "true", "serve ephemeral (in-memory) queues; false answers their routes 503 ephemeral_disabled"),
-        ("QUEEN_EPHEMERAL_MAX_MB", "256", "memory all ephemeral queues together may hold (payloads plus 64 bytes a message); a push past it answers 503 ephemeral_memory_full"),
+        ("QUEEN_EPHEMERAL_MAX_MB", "256", "memory all ephemeral queues together may hold (payloads plus 96 bytes a message); a push past it answers 503 ephemeral_memory_full"),
         ("QUEEN_EPHEMERAL_MAX_BYTES", "", "the same budget in bytes; wins over QUEEN_EPHEMERAL_MAX_MB when set"),
         ("QUEEN_EPHEMERAL_QUEUE_MAX_BYTES", "16777216", "a new ephemeral queue's maxBytes"),
         ("QUEEN_EPHEMERAL_QUEUE_MAX_LENGTH", "10000", "a new ephemeral queue's maxLength"),

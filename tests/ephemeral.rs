@@ -131,7 +131,7 @@ async fn bounds_refuse_whole_or_drop_the_oldest_and_the_broker_wide_budget_holds
     let (status, _) = push(&b, "small", None, &[json!(3), json!(4)]).await;
     assert_eq!(status, 200);
     assert_eq!(payloads(&pop(&b, "queue=small&batch=10&autoAck=true").await), [json!(2), json!(3), json!(4)]);
-    // maxBytes bounds the bytes (payload + 64 a message).
+    // maxBytes bounds the bytes (payload + 96 a message).
     let (status, r) = b.post("/api/v1/ephemeral/configure", json!({"queue": "bytes", "options": {"maxBytes": 300}})).await;
     assert_eq!(status, 200, "{r}");
     let big = json!("x".repeat(100));
