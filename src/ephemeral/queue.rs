@@ -580,7 +580,7 @@ impl QueueState {
                 let mut leased = 0;
                 for (c, part) in g.cursors.iter().zip(&self.partitions) {
                     let from = c.next.max(part.base);
-                    pending += part.end().saturating_sub(from) - c.settled.range(from..).count() as u64;
+                    pending += part.end().saturating_sub(from).saturating_sub(c.settled.range(from..).count() as u64);
                     leased += c.lease.as_ref().map_or(0, |l| l.open as u64);
                 }
                 (name.clone(), pending, leased)
