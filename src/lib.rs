@@ -19,6 +19,7 @@ pub mod ack;
 pub mod admin;
 pub mod app;
 pub mod cache;
+pub mod cli;
 pub mod config;
 pub mod crypto;
 pub mod db;

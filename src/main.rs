@@ -1,6 +1,8 @@
 //! The `queen` command: `queen serve` (the default) runs the broker,
 //! `queen migrate` applies the schema and exits, `queen migrate --reset
-//! --yes` drops the schema and applies it afresh.
+//! --yes` drops the schema and applies it afresh. The operator commands
+//! (`queues`, `groups`, `dlq`, `push`, `tail`, `status`, `completions`) talk
+//! to a running broker over HTTP (`queen::cli`).
 
 use clap::{Parser, Subcommand};
 use queen::config::Config;
@@ -25,6 +27,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    #[command(flatten)]
+    target: queen::cli::Target,
 }
 
 #[derive(Subcommand)]
@@ -48,10 +52,32 @@ enum Command {
         #[arg(long, requires = "reset")]
         yes: bool,
     },
+    /// List, show, configure or delete queues of a running broker
+    #[command(subcommand)]
+    Queues(queen::cli::Queues),
+    /// Consumer groups: list, show, lag, seek, delete
+    #[command(subcommand)]
+    Groups(queen::cli::Groups),
+    /// Dead letters: list, show, retry, purge
+    #[command(subcommand)]
+    Dlq(queen::cli::Dlq),
+    /// Push a message, or JSON lines from a file or standard input
+    Push(queen::cli::Push),
+    /// Follow a queue, printing its messages as they arrive
+    Tail(queen::cli::Tail),
+    /// The broker's health and totals
+    Status,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let Cli { command, target } = Cli::parse();
+    let command = match command.map(|c| operator_command(c, &target)) {
+        Some(Ok(code)) => return code,
+        Some(Err(broker)) => Some(broker),
+        None => None,
+    };
     let mut config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -62,7 +88,7 @@ fn main() -> std::process::ExitCode {
     queen::telemetry::init(&config.log_filter, config.log_json);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime starts");
     let result = runtime.block_on(async move {
-        match cli.command.unwrap_or(Command::Serve { host: None, port: None }) {
+        match command.unwrap_or(Command::Serve { host: None, port: None }) {
             Command::Serve { host, port } => {
                 if let Some(h) = host {
                     config.host = h;
@@ -74,6 +100,7 @@ fn main() -> std::process::ExitCode {
             }
             Command::Migrate { reset: false, .. } => queen::app::migrate(config).await,
             Command::Migrate { reset: true, yes } => queen::app::reset(config, yes).await,
+            _ => unreachable!("operator commands ran above"),
         }
     });
     match result {
@@ -83,4 +110,31 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Runs an operator command (a client of a running broker: no broker
+/// configuration is read), or gives back the broker's own commands.
+fn operator_command(command: Command, t: &queen::cli::Target) -> Result<std::process::ExitCode, Command> {
+    use queen::cli;
+    let run = |work: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), cli::http::Failure>> + '_>>| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime starts");
+        match runtime.block_on(work) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(f) => f.exit(),
+        }
+    };
+    Ok(match command {
+        Command::Queues(c) => run(Box::pin(cli::queues(t, c))),
+        Command::Groups(c) => run(Box::pin(cli::groups(t, c))),
+        Command::Dlq(c) => run(Box::pin(cli::dlq(t, c))),
+        Command::Push(p) => run(Box::pin(cli::push(t, p))),
+        Command::Tail(a) => run(Box::pin(cli::tail(t, a))),
+        Command::Status => run(Box::pin(cli::status(t))),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "queen", &mut std::io::stdout());
+            std::process::ExitCode::SUCCESS
+        }
+        broker => return Err(broker),
+    })
 }
