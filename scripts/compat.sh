@@ -13,6 +13,14 @@ if ! python3 -m venv --help >/dev/null 2>&1; then
         echo "python3 with the venv module is needed (apt-get install python3-venv)" >&2; exit 1
     fi
 fi
+# The dashboard's browser test drives Debian's Chromium with its chromedriver.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "chromium and chromium-driver are needed for the dashboard test (apt-get install chromium chromium-driver)" >&2; exit 1
+    fi
+fi
 cargo build --locked --bin queen -q
 VENV=target/compat-venv
 if [ ! -x "$VENV/bin/pytest" ] || ! cmp -s tests/compat/requirements.txt "$VENV/requirements.txt"; then

@@ -22,6 +22,7 @@ pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod crypto;
+pub mod dashboard;
 pub mod db;
 pub mod embedded_pg;
 pub mod ephemeral;

@@ -131,6 +131,8 @@ impl AppState {
 /// The whole route table.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(crate::dashboard::index))
+        .route("/dashboard/{file}", get(crate::dashboard::asset))
         .route("/health", get(health::health))
         .route("/metrics", get(metrics::json))
         .route("/metrics/prometheus", get(metrics::prometheus))
