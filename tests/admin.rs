@@ -217,3 +217,22 @@ async fn deleting_a_group_makes_it_consume_again_and_subscription_needs_a_timest
     let (status, body) = b.post_raw("/api/v1/stats/refresh", "application/json", vec![]).await;
     assert_eq!((status, body["success"].as_bool()), (200, Some(true)));
 }
+
+#[tokio::test]
+async fn the_openapi_document_and_the_dashboard_are_served_without_a_token() {
+    let b = Broker::start_with(&[("JWT_ENABLED", "true"), ("JWT_SECRET", "s")]).await;
+    let (status, doc) = b.get("/api/v1/openapi.json").await;
+    assert_eq!(status, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert!(doc["paths"]["/api/v1/push"]["post"]["security"].is_array(), "the push needs a token");
+    assert!(doc["paths"]["/health"]["get"]["security"].is_null(), "health does not");
+    let page = b.http.get(format!("{}/", b.url)).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert!(page.text().await.unwrap().contains("/dashboard/app.js"));
+    let script = b.http.get(format!("{}/dashboard/app.js", b.url)).send().await.unwrap();
+    assert_eq!(script.status(), 200);
+    assert_eq!(b.http.get(format!("{}/dashboard/nope.js", b.url)).send().await.unwrap().status(), 404);
+    // The API behind them still asks for one.
+    assert_eq!(b.get("/api/v1/status").await.0, 401);
+}

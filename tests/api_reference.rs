@@ -44,3 +44,33 @@ fn the_api_page_lists_exactly_the_routes_the_router_serves() {
     let unserved: Vec<_> = listed.difference(&served).collect();
     assert!(unlisted.is_empty() && unserved.is_empty(), "served but not in docs/API.md: {unlisted:?}; listed but not served: {unserved:?}");
 }
+
+/// The OpenAPI document covers every route the router serves, each with a
+/// recorded example answer, and a request body where the route takes one.
+#[test]
+fn the_openapi_document_has_every_route_with_its_examples() {
+    let doc = queen::http::openapi::document();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let mut missing = Vec::new();
+    for (method, path) in routes_in_the_router() {
+        let op = &doc["paths"][path.replace("{*", "{")][method.to_lowercase()];
+        if op.is_null() {
+            missing.push(format!("{method} {path}"));
+            continue;
+        }
+        let responses = op["responses"].as_object().expect("responses");
+        let answer = responses.values().next().expect("one response");
+        let content = answer["content"].as_object().expect("content").values().next().expect("a media type");
+        assert!(!content["example"].is_null(), "{method} {path}: no example answer");
+        assert!(!content["schema"].is_null(), "{method} {path}: no answer schema");
+        if method == "PUT" {
+            assert!(!op["requestBody"].is_null(), "{method} {path}: no request body");
+        }
+        assert!(op["description"].as_str().is_some_and(|d| d.contains("Access:")), "{method} {path}: no access level");
+    }
+    assert!(missing.is_empty(), "routes of the router missing from the OpenAPI document: {missing:?}");
+    // The push's request body is described field by field.
+    let push = &doc["paths"]["/api/v1/push"]["post"]["requestBody"]["content"]["application/json"];
+    assert_eq!(push["schema"]["properties"]["items"]["type"], "array");
+    assert_eq!(push["example"]["items"][0]["queue"], "orders");
+}

@@ -41,7 +41,7 @@ pub fn level(method: &Method, path: &str) -> Level {
     let get = method == Method::GET || method == Method::HEAD;
     let post = method == Method::POST;
     let delete = method == Method::DELETE;
-    if matches!(path, "/health" | "/metrics" | "/metrics/prometheus" | "/") || path.starts_with("/dashboard/") {
+    if matches!(path, "/health" | "/metrics" | "/metrics/prometheus" | "/" | "/api/v1/openapi.json") || path.starts_with("/dashboard/") {
         return Level::Public;
     }
     if path.starts_with("/api/v1/system/")

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod locks;
 pub mod messages;
 pub mod metrics;
+pub mod openapi;
 pub mod pop;
 pub mod push;
 pub mod query;
@@ -134,6 +135,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(crate::dashboard::index))
         .route("/dashboard/{file}", get(crate::dashboard::asset))
         .route("/health", get(health::health))
+        .route("/api/v1/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::json))
         .route("/metrics/prometheus", get(metrics::prometheus))
         .route("/api/v1/push", post(push::push))
