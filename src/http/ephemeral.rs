@@ -42,10 +42,27 @@ fn bad(field: &str, detail: &str) -> Response {
         .into_response()
 }
 
-fn disabled(state: &AppState) -> Option<Response> {
-    (!state.ephemeral_enabled()).then(|| {
-        refuse(StatusCode::SERVICE_UNAVAILABLE, "ephemeral_disabled", "ephemeral queues are switched off (QUEEN_EPHEMERAL_ENABLED, or /api/v1/system/ephemeral)")
-    })
+/// `Err` (a 503) while the family is switched off.
+fn enabled(state: &AppState) -> Result<(), Response> {
+    match state.ephemeral_enabled() {
+        true => Ok(()),
+        false => Err(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ephemeral_disabled",
+            "ephemeral queues are switched off (QUEEN_EPHEMERAL_ENABLED, or /api/v1/system/ephemeral)",
+        )),
+    }
+}
+
+/// A handler's answer: what it computed, or the refusal it stopped at.
+fn answer(r: Result<Response, Response>) -> Response {
+    r.unwrap_or_else(|refusal| refusal)
+}
+
+/// A JSON body of type `T`; unreadable, a 400 saying what was expected.
+async fn typed<T: serde::de::DeserializeOwned>(state: &AppState, headers: &HeaderMap, body: axum::body::Body, expected: &str) -> Result<T, Response> {
+    let bytes = body_bytes(state, headers, body).await?;
+    serde_json::from_slice(&bytes).map_err(|e| bad("body", &format!("not {expected}: {e}")))
 }
 
 fn name(field: &str, v: Option<&str>) -> Result<String, Response> {
@@ -92,37 +109,26 @@ struct PushMessage {
 
 /// `POST /api/v1/ephemeral/push` → `{pushed}`.
 pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    if let Some(r) = disabled(&state) {
-        return r;
-    }
-    let bytes = match body_bytes(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let parsed: PushBody = match serde_json::from_slice(&bytes) {
-        Ok(p) => p,
-        Err(e) => return bad("body", &format!("not a push body {{queue, partition?, messages:[{{payload}}]}}: {e}")),
-    };
-    let queue = match name("queue", parsed.queue.as_deref()) {
-        Ok(q) => q,
-        Err(r) => return r,
-    };
-    let partition = match optional_name("partition", parsed.partition.as_deref()) {
-        Ok(p) => p.unwrap_or_else(|| "Default".to_string()),
-        Err(r) => return r,
-    };
-    let Some(messages) = parsed.messages else { return bad("messages", "required, an array of {payload}") };
+    answer(push_inner(&state, &headers, body).await)
+}
+
+async fn push_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+    enabled(state)?;
+    let parsed: PushBody = typed(state, headers, body, "a push body {queue, partition?, messages:[{payload}]}").await?;
+    let queue = name("queue", parsed.queue.as_deref())?;
+    let partition = optional_name("partition", parsed.partition.as_deref())?.unwrap_or_else(|| "Default".to_string());
+    let Some(messages) = parsed.messages else { return Err(bad("messages", "required, an array of {payload}")) };
     let mut payloads = Vec::with_capacity(messages.len());
     for (i, m) in messages.into_iter().enumerate() {
         match m.payload.or(m.data) {
             Some(p) => payloads.push(Arc::<RawValue>::from(p)),
-            None => return bad(&format!("messages[{i}].payload"), "required (null is a payload: write \"payload\": null)"),
+            None => return Err(bad(&format!("messages[{i}].payload"), "required (null is a payload: write \"payload\": null)")),
         }
     }
     if payloads.is_empty() {
-        return Json(json!({"pushed": 0})).into_response();
+        return Ok(Json(json!({"pushed": 0})).into_response());
     }
-    match state.ephemeral.push(&queue, &partition, payloads) {
+    Ok(match state.ephemeral.push(&queue, &partition, payloads) {
         Ok(n) => Json(json!({"pushed": n, "queue": queue, "partition": partition})).into_response(),
         Err(Refusal::Full { detail }) => refuse(StatusCode::TOO_MANY_REQUESTS, "ephemeral_queue_full", &detail),
         Err(Refusal::TooLarge { detail }) => refuse(StatusCode::PAYLOAD_TOO_LARGE, "ephemeral_request_too_large", &detail),
@@ -131,7 +137,7 @@ pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: axum:
             "ephemeral_memory_full",
             "the broker's memory for ephemeral queues (QUEEN_EPHEMERAL_MAX_MB) is full",
         ),
-    }
+    })
 }
 
 #[derive(Serialize)]
@@ -146,13 +152,12 @@ struct Popped<'a> {
 /// → `{queue, messages:[{id, partition, payload, attempts}]}` (an empty
 /// list when there was nothing).
 pub async fn pop(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
-    if let Some(r) = disabled(&state) {
-        return r;
-    }
-    let p = match Params::parse(raw) {
-        Ok(p) => p,
-        Err(e) => return bad("query", &e.to_string()),
-    };
+    answer(pop_inner(&state, raw).await)
+}
+
+async fn pop_inner(state: &AppState, raw: Option<String>) -> Result<Response, Response> {
+    enabled(state)?;
+    let p = Params::parse(raw).map_err(|e| bad("query", &e.to_string()))?;
     let flag = |k: &str| -> Result<bool, Response> {
         match p.text(k) {
             None => Ok(false),
@@ -160,21 +165,14 @@ pub async fn pop(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Resp
         }
     };
     let int = |k: &str, default: i64, min: i64, max: i64| p.int(k, default, min, max).map_err(|e| bad(k, &e.to_string()));
-    let parsed = (|| {
-        let queue = name("queue", p.text("queue").as_deref())?;
-        let partition = optional_name("partition", p.text("partition").as_deref())?;
-        let group = optional_name("group", p.text("group").or_else(|| p.text("consumerGroup")).as_deref())?;
-        let batch = int("batch", 1, 1, 10_000)? as usize;
-        let wait = flag("wait")?;
-        let timeout = int("timeout", 30_000, 0, MAX_WAIT_MS)?;
-        let commit = flag("autoAck")? || flag("auto_ack")?;
-        Ok::<_, Response>((queue, partition, group, batch, wait.then(|| Duration::from_millis(timeout as u64)), commit))
-    })();
-    let (queue, partition, group, batch, wait, commit) = match parsed {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let group = group.unwrap_or_else(|| QUEUE_MODE.to_string());
+    let queue = name("queue", p.text("queue").as_deref())?;
+    let partition = optional_name("partition", p.text("partition").as_deref())?;
+    let group = optional_name("group", p.text("group").or_else(|| p.text("consumerGroup")).as_deref())?.unwrap_or_else(|| QUEUE_MODE.to_string());
+    let batch = int("batch", 1, 1, 10_000)? as usize;
+    let wait = flag("wait")?;
+    let timeout = int("timeout", 30_000, 0, MAX_WAIT_MS)?;
+    let commit = flag("autoAck")? || flag("auto_ack")?;
+    let wait = wait.then(|| Duration::from_millis(timeout as u64));
     let got = state.ephemeral.pop(&queue, &group, partition.as_deref(), batch, commit, wait).await;
     let messages: Vec<Popped> =
         got.iter().map(|m| Popped { id: &m.id, partition: &m.partition, payload: &m.payload, attempts: m.attempts }).collect();
@@ -183,7 +181,7 @@ pub async fn pop(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Resp
         queue: &'a str,
         messages: Vec<Popped<'a>>,
     }
-    Json(Answer { queue: &queue, messages }).into_response()
+    Ok(Json(Answer { queue: &queue, messages }).into_response())
 }
 
 #[derive(Deserialize)]
@@ -206,33 +204,23 @@ struct AckEntry<'a> {
 /// `POST /api/v1/ephemeral/ack` `{queue, group?, acks:[{id, status?, error?}]}`
 /// → `{results:[{id, outcome}]}`.
 pub async fn ack(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    if let Some(r) = disabled(&state) {
-        return r;
-    }
-    let bytes = match body_bytes(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let parsed: AckBody = match serde_json::from_slice(&bytes) {
-        Ok(p) => p,
-        Err(e) => return bad("body", &format!("not an ack body {{queue, group?, acks:[{{id, status?}}]}}: {e}")),
-    };
-    let queue = match name("queue", parsed.queue.as_deref()) {
-        Ok(q) => q,
-        Err(r) => return r,
-    };
+    answer(ack_inner(&state, &headers, body).await)
+}
+
+async fn ack_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+    enabled(state)?;
+    let bytes = body_bytes(state, headers, body).await?;
+    let parsed: AckBody = serde_json::from_slice(&bytes).map_err(|e| bad("body", &format!("not an ack body {{queue, group?, acks:[{{id, status?}}]}}: {e}")))?;
+    let queue = name("queue", parsed.queue.as_deref())?;
     let group = match parsed.group.as_deref() {
         None => QUEUE_MODE.to_string(),
-        Some(g) => match name("group", Some(g)) {
-            Ok(g) => g,
-            Err(r) => return r,
-        },
+        Some(g) => name("group", Some(g))?,
     };
-    let Some(list) = parsed.acks else { return bad("acks", "required, an array of {id, status?}") };
+    let Some(list) = parsed.acks else { return Err(bad("acks", "required, an array of {id, status?}")) };
     let mut acks = Vec::with_capacity(list.len());
     for (i, a) in list.iter().enumerate() {
         let Some(id) = a.id.as_deref().filter(|s| !s.is_empty()) else {
-            return bad(&format!("acks[{i}].id"), "required, the id a pop answered");
+            return Err(bad(&format!("acks[{i}].id"), "required, the id a pop answered"));
         };
         let settle = match &a.status {
             None | Some(Value::Null) | Some(Value::Bool(true)) => true,
@@ -240,9 +228,9 @@ pub async fn ack(State(state): State<AppState>, headers: HeaderMap, body: axum::
             Some(Value::String(s)) => match s.to_ascii_lowercase().as_str() {
                 "completed" | "success" | "acked" | "ok" => true,
                 "failed" | "retry" | "error" => false,
-                _ => return bad(&format!("acks[{i}].status"), "completed, failed or retry"),
+                _ => return Err(bad(&format!("acks[{i}].status"), "completed, failed or retry")),
             },
-            Some(_) => return bad(&format!("acks[{i}].status"), "completed, failed or retry"),
+            Some(_) => return Err(bad(&format!("acks[{i}].status"), "completed, failed or retry")),
         };
         acks.push((id, settle));
     }
@@ -264,55 +252,43 @@ pub async fn ack(State(state): State<AppState>, headers: HeaderMap, body: axum::
         .zip(outcomes)
         .map(|(&(id, _), o)| Result { id, outcome: o.as_str(), dropped: o == crate::ephemeral::Outcome::Dropped })
         .collect();
-    Json(Answer { queue: &queue, results }).into_response()
+    Ok(Json(Answer { queue: &queue, results }).into_response())
 }
 
 /// `POST /api/v1/ephemeral/configure` `{queue, options}`.
 pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    if let Some(r) = disabled(&state) {
-        return r;
-    }
-    let body = match json_object(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let queue = match name("queue", body.get("queue").and_then(Value::as_str)) {
-        Ok(q) => q,
-        Err(r) => return r,
-    };
+    answer(configure_inner(&state, &headers, body).await)
+}
+
+async fn configure_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+    enabled(state)?;
+    let body = json_object(state, headers, body).await?;
+    let queue = name("queue", body.get("queue").and_then(Value::as_str))?;
     let empty = Map::new();
     let options = match body.get("options") {
         None | Some(Value::Null) => &empty,
         Some(Value::Object(o)) => o,
-        Some(_) => return bad("options", "must be an object"),
+        Some(_) => return Err(bad("options", "must be an object")),
     };
-    match state.ephemeral.configure(&queue, options) {
-        Ok(answer) => Json(answer).into_response(),
-        Err((field, problem)) => bad(&field, &problem),
-    }
+    let configured = state.ephemeral.configure(&queue, options).map_err(|(field, problem)| bad(&field, &problem))?;
+    Ok(Json(configured).into_response())
 }
 
 /// `POST /api/v1/ephemeral/reset` `{queue}` → `{dropped}`.
 pub async fn reset(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    if let Some(r) = disabled(&state) {
-        return r;
-    }
-    let body = match json_object(&state, &headers, body).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    match name("queue", body.get("queue").and_then(Value::as_str)) {
-        Ok(queue) => Json(json!({"queue": queue, "dropped": state.ephemeral.reset(&queue)})).into_response(),
-        Err(r) => r,
-    }
+    answer(reset_inner(&state, &headers, body).await)
+}
+
+async fn reset_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+    enabled(state)?;
+    let body = json_object(state, headers, body).await?;
+    let queue = name("queue", body.get("queue").and_then(Value::as_str))?;
+    Ok(Json(json!({"queue": queue, "dropped": state.ephemeral.reset(&queue)})).into_response())
 }
 
 /// `DELETE /api/v1/ephemeral/queue/{queue}` → `{deleted}`.
 pub async fn delete(State(state): State<AppState>, Path(queue): Path<String>) -> Response {
-    if let Some(r) = disabled(&state) {
-        return r;
-    }
-    Json(json!({"queue": queue, "deleted": state.ephemeral.delete(&queue)})).into_response()
+    answer(enabled(&state).map(|()| Json(json!({"queue": queue, "deleted": state.ephemeral.delete(&queue)})).into_response()))
 }
 
 /// `GET /api/v1/ephemeral/queues`.
