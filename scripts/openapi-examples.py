@@ -93,6 +93,7 @@ def main():
     call("POST", "/api/v1/consumer-groups/billing/queues/orders/partitions/customer-42/seek", "/api/v1/consumer-groups/{group}/queues/{queue}/partitions/{partition}/seek", body={"timestamp": "2026-12-01T00:00:00Z"})
     call("POST", "/api/v1/stats/refresh", body={})
     call("GET", "/status")
+    call("GET", "/api/v1/system/brokers")
     call("GET", "/api/v1/status")
     call("GET", "/api/v1/status/buffers")
     call("GET", "/api/v1/status/queues")

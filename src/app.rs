@@ -38,6 +38,9 @@ pub enum BootError {
 /// The database the broker talks to, with the embedded cluster when it owns one.
 struct Store {
     pool: deadpool_postgres::Pool,
+    /// What the pool connects with (the brokers' hint channel opens its own
+    /// connection with it).
+    pg: tokio_postgres::Config,
     embedded: Option<Arc<EmbeddedCluster>>,
 }
 
@@ -52,8 +55,8 @@ async fn open_store(config: &Config) -> Result<Store, BootError> {
         }
         other => (db::pg_config(other)?, None),
     };
-    let pool = db::pool(config, pg)?;
-    Ok(Store { pool, embedded })
+    let pool = db::pool(config, pg.clone())?;
+    Ok(Store { pool, pg, embedded })
 }
 
 impl Store {
@@ -189,7 +192,12 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let config_limits = config.limits.clone();
     let config_ephemeral = config.ephemeral.clone();
     crate::http::body::set_body_timeout(config.limits.body_timeout);
-    let state = AppState { config: Arc::new(config), pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
+    let cluster = if config.peer_hints {
+        crate::cluster::Cluster::spawn(store.pg.clone(), pop.clone(), config.server_id.clone(), stop_services.subscribe())
+    } else {
+        Arc::new(crate::cluster::Cluster::silent())
+    };
+    let state = AppState { config: Arc::new(config), cluster, pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global(), spool,
         push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),

@@ -183,6 +183,9 @@ pub struct Config {
     pub traces_retention_days: i32,
     /// This broker's name in shared tables (metrics samples).
     pub server_id: String,
+    /// Tell the other brokers on the database which partitions this one
+    /// wrote, and hear theirs (`cluster`).
+    pub peer_hints: bool,
     /// Idle time after which an emptied partition is removed (None = never).
     pub partition_cleanup: Option<Duration>,
     /// How often the partition table is checked for stale planner statistics
@@ -471,6 +474,7 @@ impl Config {
             metrics_retention_days: env.parse(&["METRICS_RETENTION_DAYS"], 90i32, "a number of days of at least 1", |v| *v >= 1)?,
             traces_retention_days: env.parse(&["TRACES_RETENTION_DAYS"], 7i32, "a number of days of at least 1", |v| *v >= 1)?,
             server_id: env.string(&["QUEEN_SERVER_ID", "HOSTNAME"], &format!("queen-{}", std::process::id())),
+            peer_hints: env.boolean(&["QUEEN_PEER_HINTS"], true)?,
             analyze_interval: match env.parse(&["QUEEN_ANALYZE_INTERVAL_MS"], 1000u64, "0 (off) or a whole number of milliseconds of at least 100", |v| *v == 0 || *v >= 100)? {
                 0 => None,
                 v => Some(Duration::from_millis(v)),
@@ -562,6 +566,7 @@ impl Config {
         ("QUEEN_KV_MAX_READ_BYTES", "4194304", "bytes of keys and values one getMany or getPrefix answers before it says truncated"),
         ("QUEEN_KV_PREFIX_LIMIT", "1000", "ceiling a getPrefix limit is clamped to"),
         ("QUEEN_KV_SWEEP_INTERVAL_MS", "1000", "ms between passes of the sweeper that reclaims expired keys (they are invisible from the moment they expire)"),
+        ("QUEEN_PEER_HINTS", "true", "tell the other brokers on the database which partitions this one wrote (LISTEN/NOTIFY on one connection), so their long-polls wake at once; false: they wake at their next backoff"),
         ("QUEEN_EPHEMERAL_ENABLED", "true", "serve ephemeral (in-memory) queues; false answers their routes 503 ephemeral_disabled"),
         ("QUEEN_EPHEMERAL_MAX_MB", "256", "memory all ephemeral queues together may hold (payloads plus 96 bytes a message); a push past it answers 503 ephemeral_memory_full"),
         ("QUEEN_EPHEMERAL_MAX_BYTES", "", "the same budget in bytes; wins over QUEEN_EPHEMERAL_MAX_MB when set"),

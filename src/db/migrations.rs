@@ -50,6 +50,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(14, "0014_kv_contention.sql"),
     migration!(15, "0015_streams.sql"),
     migration!(16, "0016_ephemeral_switch.sql"),
+    migration!(17, "0017_brokers.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -61,6 +61,8 @@ pub struct AppState {
     pub switches: Arc<crate::admin::switches::Switches>,
     /// This broker's ephemeral (in-memory) queues.
     pub ephemeral: Arc<crate::ephemeral::Ephemeral>,
+    /// The other brokers on the database: where committed pushes are told.
+    pub cluster: Arc<crate::cluster::Cluster>,
 }
 
 impl AppState {
@@ -113,6 +115,7 @@ impl AppState {
     pub fn committed_push(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
         self.telemetry.pushed(queue, count);
         self.pop.pushed(queue, partition_id, partition, count);
+        self.cluster.pushed(queue, partition_id, partition, count);
     }
 
     /// Counts the acks that took effect, per queue.
@@ -212,6 +215,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/system/maintenance", get(system::get_push_maintenance).post(system::set_push_maintenance))
         .route("/api/v1/system/kv-timers", get(system::get_kv_timers).post(system::set_kv_timers))
         .route("/api/v1/system/ephemeral", get(system::get_ephemeral).post(system::set_ephemeral))
+        .route("/api/v1/system/brokers", get(system::brokers))
         .route("/api/v1/system/maintenance/pop", get(system::get_pop_maintenance).post(system::set_pop_maintenance))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

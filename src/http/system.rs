@@ -113,6 +113,12 @@ pub async fn set_ephemeral(
     Ok(get_ephemeral(State(state)).await)
 }
 
+/// `GET /api/v1/system/brokers`: the brokers on this database, live or
+/// recently gone, with their heartbeats.
+pub async fn brokers(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(crate::cluster::brokers(&state.pool, &state.cluster.instance).await?))
+}
+
 /// The spool as the operator sees it: where, how much, whether a replay is due.
 fn buffers(state: &AppState) -> Value {
     match &state.spool {

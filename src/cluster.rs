@@ -1,0 +1,254 @@
+//! Brokers that know about each other (issue 32 §1): every broker on one
+//! database hears which partitions the others just wrote, so that a
+//! long-poll parked on broker B wakes when a push commits through broker A,
+//! and B's hot-list learns that the partition has data, without waiting for
+//! B's backoff or its ring's reseed.
+//!
+//! The channel is PostgreSQL's own `LISTEN/NOTIFY` on one dedicated
+//! connection per broker (docs/DECISIONS.md says why not a peer mesh):
+//! committed pushes leave a hint in an in-process queue, and this service
+//! sends whatever has piled up as one `pg_notify` (many partitions per
+//! notification, never a `NOTIFY` inside a push transaction, which would
+//! serialise commits); while one is in flight the next batch piles up, so
+//! under load a notification carries many partitions and at rest a hint
+//! leaves at once. The same connection listens and keeps this broker's row
+//! in `queen.brokers` (migration 0017) fresh with a heartbeat.
+//!
+//! Hints are an optimisation, never the correctness: a lost one (the
+//! connection broke, PostgreSQL restarted, hints are switched off with
+//! `QUEEN_PEER_HINTS=false`) costs at most one long-poll backoff interval
+//! and one ring reseed, which is what a broker without peers gets anyway.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::pop::PopService;
+
+/// The notification channel.
+const CHANNEL: &str = "queen_pushes";
+/// `pg_notify` payloads must stay under 8000 bytes.
+const PAYLOAD_LIMIT: usize = 7000;
+/// How often this broker's row is refreshed.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// A broker whose heartbeat is older than this is not live.
+pub const LIVE_WITHIN_SECONDS: f64 = 5.0;
+
+/// A partition this broker just wrote.
+struct Hint {
+    queue: String,
+    partition_id: i64,
+    partition: String,
+    count: u64,
+}
+
+/// This broker's end of the channel.
+pub struct Cluster {
+    /// This process among the brokers (a v7 uuid: unique even for two
+    /// brokers that share a host name).
+    pub instance: String,
+    hints: Option<mpsc::UnboundedSender<Hint>>,
+}
+
+impl Cluster {
+    /// A cluster end that tells nobody anything (hints switched off).
+    pub fn silent() -> Cluster {
+        Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: None }
+    }
+
+    /// Notes that `count` messages were committed to a partition (cheap: a
+    /// channel send; the service batches).
+    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
+        if let Some(tx) = &self.hints {
+            let _ = tx.send(Hint { queue: queue.to_string(), partition_id, partition: partition.to_string(), count });
+        }
+    }
+
+    /// Starts the service: one connection that listens, notifies and beats.
+    pub fn spawn(pg: tokio_postgres::Config, pop: Arc<PopService>, server_id: String, shutdown: broadcast::Receiver<()>) -> Arc<Cluster> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cluster = Arc::new(Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: Some(tx) });
+        let instance = cluster.instance.clone();
+        tokio::spawn(run(pg, pop, instance, server_id, rx, shutdown));
+        cluster
+    }
+}
+
+/// Connects, and reconnects after a failure, until shutdown.
+async fn run(pg: tokio_postgres::Config, pop: Arc<PopService>, instance: String, server_id: String, mut hints: mpsc::UnboundedReceiver<Hint>, mut shutdown: broadcast::Receiver<()>) {
+    loop {
+        match session(&pg, &pop, &instance, &server_id, &mut hints, &mut shutdown).await {
+            Ok(()) => return,
+            Err(e) => tracing::warn!(error = %e, "the brokers' hint channel broke; reconnecting (hints meanwhile are lost: long-polls fall back on their backoff)"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.recv() => return,
+        }
+        // What piled up while disconnected is stale: the backoff covers it.
+        while hints.try_recv().is_ok() {}
+    }
+}
+
+/// One connection's life; `Ok` on shutdown.
+async fn session(
+    pg: &tokio_postgres::Config,
+    pop: &PopService,
+    instance: &str,
+    server_id: &str,
+    hints: &mut mpsc::UnboundedReceiver<Hint>,
+    shutdown: &mut broadcast::Receiver<()>,
+) -> Result<(), tokio_postgres::Error> {
+    let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
+    let (ntx, mut notifications) = mpsc::unbounded_channel();
+    let driver = tokio::spawn(async move {
+        loop {
+            match futures_util::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                    let _ = ntx.send(n.payload().to_string());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            }
+        }
+    });
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    let beat = "INSERT INTO queen.brokers (instance, server_id, version, started_at, heartbeat_at)
+                VALUES ($1, $2, $3, now(), now())
+                ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now()";
+    client.execute(beat, &[&instance, &server_id, &env!("CARGO_PKG_VERSION")]).await?;
+    tracing::info!(instance, "listening for the other brokers' pushes");
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let result = loop {
+        tokio::select! {
+            payload = notifications.recv() => match payload {
+                Some(p) => heard(pop, instance, &p),
+                None => break Ok(()),
+            },
+            first = hints.recv() => {
+                let Some(first) = first else { break Ok(()) };
+                let mut batch = vec![first];
+                while let Ok(h) = hints.try_recv() {
+                    batch.push(h);
+                }
+                for payload in payloads(instance, batch) {
+                    client.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &payload]).await?;
+                }
+            }
+            _ = heartbeat.tick() => {
+                client.execute(beat, &[&instance, &server_id, &env!("CARGO_PKG_VERSION")]).await?;
+                // Rows of brokers gone for a day are forgotten.
+                client.execute("DELETE FROM queen.brokers WHERE heartbeat_at < now() - interval '1 day'", &[]).await?;
+            }
+            _ = shutdown.recv() => {
+                let _ = client.execute("DELETE FROM queen.brokers WHERE instance = $1", &[&instance]).await;
+                return Ok(());
+            }
+        }
+    };
+    driver.abort();
+    match driver.await {
+        Ok(Err(e)) => Err(e),
+        _ => result,
+    }
+}
+
+/// The notifications carrying `batch`: one partition once, with its counts
+/// summed, cut below the payload limit.
+fn payloads(instance: &str, batch: Vec<Hint>) -> Vec<String> {
+    let mut merged: HashMap<i64, Hint> = HashMap::new();
+    for h in batch {
+        match merged.get_mut(&h.partition_id) {
+            Some(m) => m.count += h.count,
+            None => {
+                merged.insert(h.partition_id, h);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut current: Vec<Value> = Vec::new();
+    let mut size = 0;
+    for h in merged.into_values() {
+        let entry = json!([h.queue, h.partition_id, h.partition, h.count]);
+        let len = entry.to_string().len() + 1;
+        if size + len > PAYLOAD_LIMIT && !current.is_empty() {
+            out.push(json!({"b": instance, "h": std::mem::take(&mut current)}).to_string());
+            size = 0;
+        }
+        size += len;
+        current.push(entry);
+    }
+    if !current.is_empty() {
+        out.push(json!({"b": instance, "h": current}).to_string());
+    }
+    out
+}
+
+/// Applies another broker's notification: wake gates and hot-lists, as a
+/// local push would.
+fn heard(pop: &PopService, instance: &str, payload: &str) {
+    let Ok(v) = serde_json::from_str::<Value>(payload) else { return };
+    if v["b"].as_str() == Some(instance) {
+        return;
+    }
+    for h in v["h"].as_array().into_iter().flatten() {
+        if let (Some(queue), Some(pid), Some(partition), Some(count)) = (h[0].as_str(), h[1].as_i64(), h[2].as_str(), h[3].as_u64()) {
+            pop.pushed(queue, pid, partition, count);
+        }
+    }
+}
+
+/// `GET /api/v1/system/brokers`: the brokers on this database.
+pub async fn brokers(pool: &deadpool_postgres::Pool, instance: &str) -> Result<Value, crate::db::DbError> {
+    let rows = pool
+        .get()
+        .await?
+        .query(
+            "SELECT instance, server_id, version, started_at, heartbeat_at, EXTRACT(EPOCH FROM now() - heartbeat_at)::float8
+             FROM queen.brokers ORDER BY started_at",
+            &[],
+        )
+        .await?;
+    let brokers: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let age: f64 = r.get(5);
+            let id: String = r.get(0);
+            json!({"instance": id, "serverId": r.get::<_, String>(1), "version": r.get::<_, String>(2),
+                   "startedAt": crate::admin::iso_ms(r.get(3)), "heartbeatAt": crate::admin::iso_ms(r.get(4)),
+                   "secondsSinceHeartbeat": (age * 1000.0).round() / 1000.0, "live": age <= LIVE_WITHIN_SECONDS, "self": id == instance})
+        })
+        .collect();
+    let live = brokers.iter().filter(|b| b["live"] == true).count();
+    Ok(json!({"brokers": brokers, "live": live}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_names_each_partition_once_and_stays_under_the_payload_limit() {
+        let batch: Vec<Hint> = (0..2000)
+            .map(|i| Hint { queue: "orders".into(), partition_id: i % 1000, partition: format!("p{}", i % 1000), count: 1 })
+            .collect();
+        let out = payloads("me", batch);
+        assert!(out.len() > 1, "1000 partitions do not fit one notification");
+        let mut seen = HashMap::new();
+        for p in &out {
+            assert!(p.len() < 8000, "{} bytes", p.len());
+            let v: Value = serde_json::from_str(p).unwrap();
+            assert_eq!(v["b"], "me");
+            for h in v["h"].as_array().unwrap() {
+                assert!(seen.insert(h[1].as_i64().unwrap(), h[3].as_u64().unwrap()).is_none());
+            }
+        }
+        assert_eq!(seen.len(), 1000);
+        assert!(seen.values().all(|&c| c == 2), "counts summed");
+    }
+}

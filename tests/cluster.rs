@@ -1,0 +1,92 @@
+//! Brokers that know about each other (issue 32 §1), with several broker
+//! processes on one database: a push through one wakes a long-poll parked on
+//! another at once; with the hints dropped the long-poll still gets the
+//! message, at its hot-list's next reseed; and the brokers list each other.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{cluster, eventually, Broker};
+use serde_json::{json, Value};
+
+/// A broker on `db` with `env` besides the database URL.
+async fn broker_on(db: &str, env: &[(&str, &str)]) -> Broker {
+    let mut all = vec![("QUEEN_DATABASE_URL".to_string(), cluster().url(db))];
+    all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Broker::spawn(db.to_string(), all).await
+}
+
+/// Parks a pop of `queue` on `b` (up to 20 s), pushes one message through
+/// `a` once it is parked, and answers how long after the push's answer the
+/// pop answered, with what it got.
+async fn wake_across(a: &Broker, b: &Broker, queue: &str) -> (Duration, Value) {
+    let pop = {
+        let (http, url) = (b.http.clone(), b.url.clone());
+        let path = format!("{url}/api/v1/pop/queue/{queue}?wait=true&timeout=20000&autoAck=true");
+        tokio::spawn(async move {
+            let r = http.get(&path).send().await.unwrap();
+            let answered = Instant::now();
+            (answered, r.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    // Parked past its first re-checks.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (status, _) = a.post("/api/v1/push", json!({"items": [{"queue": queue, "partition": "p", "payload": {"n": 1}}]})).await;
+    assert_eq!(status, 201);
+    let pushed = Instant::now();
+    let (answered, body) = pop.await.unwrap();
+    (answered.saturating_duration_since(pushed), body)
+}
+
+#[tokio::test]
+async fn a_push_through_one_broker_wakes_a_long_poll_parked_on_another_at_once() {
+    let db = cluster().create_db().await;
+    // B re-checks its parked pops only every 5 s: only a hint wakes it sooner.
+    let slow = [("POP_WAIT_INITIAL_INTERVAL_MS", "5000"), ("POP_WAIT_MAX_INTERVAL_MS", "5000")];
+    let a = broker_on(&db, &[]).await;
+    let b = broker_on(&db, &slow).await;
+    // Both have joined the channel.
+    eventually("two live brokers", Duration::from_secs(10), || async { a.get("/api/v1/system/brokers").await.1["live"] == 2 }).await;
+    // First contact creates the queue on both sides.
+    a.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": 0}}]})).await;
+    b.get("/api/v1/pop/queue/q?autoAck=true").await;
+    let (took, body) = wake_across(&a, &b, "q").await;
+    assert_eq!(body["messages"][0]["data"]["n"], 1);
+    assert!(took < Duration::from_millis(1500), "woken by the hint, not by the 5 s backoff ({took:?})");
+}
+
+#[tokio::test]
+async fn with_the_hints_dropped_a_long_poll_still_gets_the_message_at_its_next_reseed() {
+    let db = cluster().create_db().await;
+    // What B cannot see itself it learns at its rings' reseed (1 s here).
+    let off = [("QUEEN_PEER_HINTS", "false"), ("QUEEN_HOTLIST_RESEED_MS", "1000")];
+    let a = broker_on(&db, &off).await;
+    let b = broker_on(&db, &off).await;
+    a.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": 0}}]})).await;
+    b.get("/api/v1/pop/queue/q?autoAck=true").await;
+    let (took, body) = wake_across(&a, &b, "q").await;
+    assert_eq!(body["messages"][0]["data"]["n"], 1);
+    assert!(took < Duration::from_millis(3000), "one reseed interval at most, plus a claim ({took:?})");
+}
+
+#[tokio::test]
+async fn the_brokers_list_each_other_and_one_that_stops_leaves_the_list() {
+    let db = cluster().create_db().await;
+    let a = broker_on(&db, &[("QUEEN_SERVER_ID", "same-host")]).await;
+    let mut b = broker_on(&db, &[("QUEEN_SERVER_ID", "same-host")]).await;
+    eventually("two live brokers", Duration::from_secs(10), || async { a.get("/api/v1/system/brokers").await.1["live"] == 2 }).await;
+    let (status, list) = b.get("/api/v1/system/brokers").await;
+    assert_eq!(status, 200);
+    let brokers = list["brokers"].as_array().unwrap();
+    assert_eq!(brokers.len(), 2);
+    assert!(brokers.iter().all(|x| x["serverId"] == "same-host" && x["live"] == true && x["version"].is_string()));
+    assert_eq!(brokers.iter().filter(|x| x["self"] == true).count(), 1, "two brokers on one host are still two");
+    assert_ne!(brokers[0]["instance"], brokers[1]["instance"]);
+    // A broker that stops beating is no longer live (and its row goes after a day).
+    b.kill();
+    eventually("one live broker", Duration::from_secs(15), || async { a.get("/api/v1/system/brokers").await.1["live"] == 1 }).await;
+    let list = a.get("/api/v1/system/brokers").await.1;
+    let alive: Vec<&Value> = list["brokers"].as_array().unwrap().iter().filter(|x| x["live"] == true).collect();
+    assert_eq!((alive.len(), alive[0]["self"].clone()), (1, json!(true)));
+}
