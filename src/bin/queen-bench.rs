@@ -280,6 +280,10 @@ enum Scenario {
         /// batch, so the broker's hold should end as it lands
         #[arg(long, default_value_t = 0)]
         window_s: u64,
+        /// Park the pops on this broker (another broker on the same
+        /// database) while pushing through --url
+        #[arg(long)]
+        pop_url: Option<String>,
     },
 }
 
@@ -302,8 +306,9 @@ async fn main() {
             let how = PushKind { binary, dedup_window, encrypted, random_payload };
             push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, how).await
         }
-        Scenario::Wake { trials, park_ms, delayed_s, window_s } => {
-            wake(&cli.url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
+        Scenario::Wake { trials, park_ms, delayed_s, window_s, pop_url } => {
+            let pop_url = pop_url.unwrap_or_else(|| cli.url.clone());
+            wake(&cli.url, &pop_url, trials, Duration::from_millis(park_ms), Duration::from_secs(delayed_s), window_s).await
         }
         Scenario::Ephemeral { messages, partitions, clients, batch, trials } => {
             ephemeral::run(&cli.url, messages.max(1), partitions.max(1), clients.max(1), batch.max(1), trials).await
@@ -385,7 +390,7 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
 /// Messages a wake trial's pop asks for (and a window trial pushes at once).
 const WAKE_BATCH: usize = 10;
 
-async fn wake(url: &str, trials: usize, park: Duration, delayed: Duration, window_s: u64) {
+async fn wake(url: &str, pop_base: &str, trials: usize, park: Duration, delayed: Duration, window_s: u64) {
     let queue = format!("bench.wake.{}", uuid::Uuid::now_v7().simple());
     let client = reqwest::Client::new();
     if !delayed.is_zero() || window_s > 0 {
@@ -395,9 +400,10 @@ async fn wake(url: &str, trials: usize, park: Duration, delayed: Duration, windo
     }
     let per_push = if window_s > 0 { WAKE_BATCH } else { 1 };
     let timeout_ms = 10_000 + delayed.as_millis();
-    let pop_url = format!("{url}/api/v1/pop/queue/{queue}?wait=true&timeout={timeout_ms}&autoAck=true&batch={WAKE_BATCH}");
-    // First contact outside the measurement.
+    let pop_url = format!("{pop_base}/api/v1/pop/queue/{queue}?wait=true&timeout={timeout_ms}&autoAck=true&batch={WAKE_BATCH}");
+    // First contact outside the measurement (on both brokers, when two).
     let _ = client.get(format!("{url}/api/v1/pop/queue/{queue}?autoAck=true")).send().await;
+    let _ = client.get(format!("{pop_base}/api/v1/pop/queue/{queue}?autoAck=true")).send().await;
     let (mut from_send, mut from_commit) = (Vec::new(), Vec::new());
     let mut missed = 0;
     for i in 0..trials {
@@ -433,6 +439,7 @@ async fn wake(url: &str, trials: usize, park: Duration, delayed: Duration, windo
     from_commit.sort();
     let label = match (delayed.is_zero(), window_s) {
         (false, _) => format!("delayed {} s", delayed.as_secs()),
+        (true, 0) if pop_base != url => "plain, other broker".to_string(),
         (true, 0) => "plain".to_string(),
         (true, w) => format!("window {w} s, full batch"),
     };
