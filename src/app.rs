@@ -163,10 +163,14 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     if let Err(e) = switches.refresh(&store.pool).await {
         tracing::warn!(error = %e, "could not read the system switches; retrying on the cache refresh");
     }
-    let (p, sw) = (store.pool.clone(), switches.clone());
+    // Push and pop maintenance are switches too: what the database says at
+    // boot, then what each refresh says (cluster-wide, issue 32).
+    let push_maintenance = Arc::new(std::sync::atomic::AtomicBool::new(switches.is_off("push")));
+    pop.set_maintenance(switches.is_off("pop"));
+    let (p, sw, pm, pops) = (store.pool.clone(), switches.clone(), push_maintenance.clone(), pop.clone());
     crate::maintenance::spawn_service("system_switches", config.queue_cache_refresh, stop_services.subscribe(), move || {
-        let (p, sw) = (p.clone(), sw.clone());
-        async move { sw.refresh(&p).await.map(|()| false) }
+        let (p, sw, pm, pops) = (p.clone(), sw.clone(), pm.clone(), pops.clone());
+        async move { reread_switches(&p, &sw, &pm, &pops).await.map(|()| false) }
     });
     spawn_maintenance(&config, &store.pool, &stop_services);
     spawn_pool_reaper(store.pool.clone(), config.pool_idle, stop_services.subscribe());
@@ -199,13 +203,14 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     };
     let state = AppState { config: Arc::new(config), cluster, pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global(), spool,
-        push_maintenance: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        push_maintenance: push_maintenance.clone(),
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
         traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()), switches,
         ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)) };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     spawn_timer_fire(state.clone(), stop_services.subscribe());
     spawn_ephemeral_sweeper(state.ephemeral.clone(), stop_services.subscribe());
+    spawn_reloader(state.clone(), encryption.clone(), stop_services.subscribe());
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
         let pop = pop.clone();
@@ -247,6 +252,40 @@ fn spawn_spool_replayer(state: AppState, every: Duration, mut shutdown: broadcas
 /// Fires due timers (`timers::fire`) every `QUEEN_TIMERS_INTERVAL_MS`, at
 /// once again while batches come back full, and wakes the consumers of what
 /// it pushed.
+/// Rereads the switches and applies the two that live in other services'
+/// flags (push and pop maintenance).
+async fn reread_switches(
+    pool: &deadpool_postgres::Pool,
+    switches: &crate::admin::switches::Switches,
+    push_maintenance: &std::sync::atomic::AtomicBool,
+    pop: &PopService,
+) -> Result<(), crate::db::DbError> {
+    switches.refresh(pool).await?;
+    push_maintenance.store(switches.is_off("push"), std::sync::atomic::Ordering::SeqCst);
+    pop.set_maintenance(switches.is_off("pop"));
+    Ok(())
+}
+
+/// When another broker announces a change (a switch, a queue's settings),
+/// rereads the switches and the cached per-queue settings at once instead
+/// of at the next cache refresh.
+fn spawn_reloader(state: AppState, encryption: Arc<crate::crypto::Encryption>, mut shutdown: broadcast::Receiver<()>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = state.cluster.reloads.notified() => {}
+                _ = shutdown.recv() => return,
+            }
+            let switched = reread_switches(&state.pool, &state.switches, &state.push_maintenance, &state.pop).await;
+            let settings = state.pop.settings.refresh(&state.pool).await;
+            let sealing = encryption.refresh(&state.pool).await;
+            for e in [switched.err(), settings.err(), sealing.err()].into_iter().flatten() {
+                tracing::warn!(error = %e, "rereading what another broker changed failed; the cache refresh will");
+            }
+        }
+    });
+}
+
 /// Once a second: ephemeral messages past their TTL, idle groups and idle
 /// implicit queues go, and the ephemeral gauges are set.
 fn spawn_ephemeral_sweeper(ephemeral: Arc<crate::ephemeral::Ephemeral>, mut shutdown: broadcast::Receiver<()>) {

@@ -37,8 +37,10 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 /// A broker whose heartbeat is older than this is not live.
 pub const LIVE_WITHIN_SECONDS: f64 = 5.0;
 
-/// A partition this broker just wrote.
+/// A partition this broker just wrote, or (`reload`) a change of a switch
+/// or of queue settings the other brokers must reread.
 struct Hint {
+    reload: bool,
     queue: String,
     partition_id: i64,
     partition: String,
@@ -51,36 +53,57 @@ pub struct Cluster {
     /// brokers that share a host name).
     pub instance: String,
     hints: Option<mpsc::UnboundedSender<Hint>>,
+    /// Notified when another broker announces a change of switches or
+    /// queue settings (app.rs rereads them then).
+    pub reloads: Arc<tokio::sync::Notify>,
 }
 
 impl Cluster {
     /// A cluster end that tells nobody anything (hints switched off).
     pub fn silent() -> Cluster {
-        Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: None }
+        Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: None, reloads: Arc::new(tokio::sync::Notify::new()) }
     }
 
     /// Notes that `count` messages were committed to a partition (cheap: a
     /// channel send; the service batches).
     pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
         if let Some(tx) = &self.hints {
-            let _ = tx.send(Hint { queue: queue.to_string(), partition_id, partition: partition.to_string(), count });
+            let _ = tx.send(Hint { reload: false, queue: queue.to_string(), partition_id, partition: partition.to_string(), count });
+        }
+    }
+
+    /// Tells the other brokers to reread the switches and queue settings now
+    /// (they also do at their cache refresh, should this be lost).
+    pub fn announce_change(&self) {
+        if let Some(tx) = &self.hints {
+            let _ = tx.send(Hint { reload: true, queue: String::new(), partition_id: 0, partition: String::new(), count: 0 });
         }
     }
 
     /// Starts the service: one connection that listens, notifies and beats.
     pub fn spawn(pg: tokio_postgres::Config, pop: Arc<PopService>, server_id: String, shutdown: broadcast::Receiver<()>) -> Arc<Cluster> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let cluster = Arc::new(Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: Some(tx) });
+        let reloads = Arc::new(tokio::sync::Notify::new());
+        let cluster = Arc::new(Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: Some(tx), reloads: reloads.clone() });
         let instance = cluster.instance.clone();
-        tokio::spawn(run(pg, pop, instance, server_id, rx, shutdown));
+        tokio::spawn(run(pg, pop, reloads, instance, server_id, rx, shutdown));
         cluster
     }
 }
 
 /// Connects, and reconnects after a failure, until shutdown.
-async fn run(pg: tokio_postgres::Config, pop: Arc<PopService>, instance: String, server_id: String, mut hints: mpsc::UnboundedReceiver<Hint>, mut shutdown: broadcast::Receiver<()>) {
+async fn run(
+    pg: tokio_postgres::Config,
+    pop: Arc<PopService>,
+    reloads: Arc<tokio::sync::Notify>,
+    instance: String,
+    server_id: String,
+    mut hints: mpsc::UnboundedReceiver<Hint>,
+    mut shutdown: broadcast::Receiver<()>,
+) {
+    let ears = Ears { pop: &pop, reloads: &reloads, instance: &instance };
     loop {
-        match session(&pg, &pop, &instance, &server_id, &mut hints, &mut shutdown).await {
+        match session(&pg, &ears, &server_id, &mut hints, &mut shutdown).await {
             Ok(()) => return,
             Err(e) => tracing::warn!(error = %e, "the brokers' hint channel broke; reconnecting (hints meanwhile are lost: long-polls fall back on their backoff)"),
         }
@@ -93,11 +116,17 @@ async fn run(pg: tokio_postgres::Config, pop: Arc<PopService>, instance: String,
     }
 }
 
+/// What a heard notification acts on.
+struct Ears<'a> {
+    pop: &'a PopService,
+    reloads: &'a tokio::sync::Notify,
+    instance: &'a str,
+}
+
 /// One connection's life; `Ok` on shutdown.
 async fn session(
     pg: &tokio_postgres::Config,
-    pop: &PopService,
-    instance: &str,
+    ears: &Ears<'_>,
     server_id: &str,
     hints: &mut mpsc::UnboundedReceiver<Hint>,
     shutdown: &mut broadcast::Receiver<()>,
@@ -116,6 +145,7 @@ async fn session(
             }
         }
     });
+    let instance = ears.instance;
     client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
     let beat = "INSERT INTO queen.brokers (instance, server_id, version, started_at, heartbeat_at)
                 VALUES ($1, $2, $3, now(), now())
@@ -127,7 +157,7 @@ async fn session(
     let result = loop {
         tokio::select! {
             payload = notifications.recv() => match payload {
-                Some(p) => heard(pop, instance, &p),
+                Some(p) => heard(ears, &p),
                 None => break Ok(()),
             },
             first = hints.recv() => {
@@ -159,10 +189,11 @@ async fn session(
 }
 
 /// The notifications carrying `batch`: one partition once, with its counts
-/// summed, cut below the payload limit.
+/// summed, cut below the payload limit; a reload announcement rides along.
 fn payloads(instance: &str, batch: Vec<Hint>) -> Vec<String> {
     let mut merged: HashMap<i64, Hint> = HashMap::new();
-    for h in batch {
+    let reload = batch.iter().any(|h| h.reload);
+    for h in batch.into_iter().filter(|h| !h.reload) {
         match merged.get_mut(&h.partition_id) {
             Some(m) => m.count += h.count,
             None => {
@@ -183,23 +214,26 @@ fn payloads(instance: &str, batch: Vec<Hint>) -> Vec<String> {
         size += len;
         current.push(entry);
     }
-    if !current.is_empty() {
-        out.push(json!({"b": instance, "h": current}).to_string());
+    if !current.is_empty() || reload {
+        out.push(json!({"b": instance, "h": current, "r": reload}).to_string());
     }
     out
 }
 
 /// Applies another broker's notification: wake gates and hot-lists, as a
-/// local push would.
-fn heard(pop: &PopService, instance: &str, payload: &str) {
+/// local push would, and a reload when it announces one.
+fn heard(ears: &Ears<'_>, payload: &str) {
     let Ok(v) = serde_json::from_str::<Value>(payload) else { return };
-    if v["b"].as_str() == Some(instance) {
+    if v["b"].as_str() == Some(ears.instance) {
         return;
     }
     for h in v["h"].as_array().into_iter().flatten() {
         if let (Some(queue), Some(pid), Some(partition), Some(count)) = (h[0].as_str(), h[1].as_i64(), h[2].as_str(), h[3].as_u64()) {
-            pop.pushed(queue, pid, partition, count);
+            ears.pop.pushed(queue, pid, partition, count);
         }
+    }
+    if v["r"] == true {
+        ears.reloads.notify_one();
     }
 }
 
@@ -235,7 +269,7 @@ mod tests {
     #[test]
     fn a_batch_names_each_partition_once_and_stays_under_the_payload_limit() {
         let batch: Vec<Hint> = (0..2000)
-            .map(|i| Hint { queue: "orders".into(), partition_id: i % 1000, partition: format!("p{}", i % 1000), count: 1 })
+            .map(|i| Hint { reload: false, queue: "orders".into(), partition_id: i % 1000, partition: format!("p{}", i % 1000), count: 1 })
             .collect();
         let out = payloads("me", batch);
         assert!(out.len() > 1, "1000 partitions do not fit one notification");

@@ -90,3 +90,43 @@ async fn the_brokers_list_each_other_and_one_that_stops_leaves_the_list() {
     let alive: Vec<&Value> = list["brokers"].as_array().unwrap().iter().filter(|x| x["live"] == true).collect();
     assert_eq!((alive.len(), alive[0]["self"].clone()), (1, json!(true)));
 }
+
+#[tokio::test]
+async fn a_switch_or_a_queue_setting_changed_through_one_broker_holds_on_the_others_within_a_second() {
+    let db = cluster().create_db().await;
+    let a = broker_on(&db, &[]).await;
+    let b = broker_on(&db, &[]).await;
+    eventually("two live brokers", Duration::from_secs(10), || async { a.get("/api/v1/system/brokers").await.1["live"] == 2 }).await;
+    let push = |broker: &Broker| {
+        let (http, url) = (broker.http.clone(), broker.url.clone());
+        async move {
+            let r = http.post(format!("{url}/api/v1/push")).json(&json!({"items": [{"queue": "q", "partition": "p", "payload": 1}]})).send().await.unwrap();
+            r.json::<Value>().await.unwrap()[0]["status"].as_str().unwrap_or("").to_string()
+        }
+    };
+    assert_eq!(push(&b).await, "queued");
+    // Push maintenance through A: B spools.
+    let switched = Instant::now();
+    assert_eq!(a.post("/api/v1/system/maintenance", json!({"enabled": true})).await.0, 200);
+    eventually("B in push maintenance", Duration::from_secs(1), || async { push(&b).await == "buffered" }).await;
+    assert!(switched.elapsed() < Duration::from_secs(1));
+    a.post("/api/v1/system/maintenance", json!({"enabled": false})).await;
+    eventually("B out of push maintenance", Duration::from_secs(1), || async { push(&b).await == "queued" }).await;
+    // Pop maintenance through A: B answers 204 with messages waiting.
+    a.post("/api/v1/system/maintenance/pop", json!({"enabled": true})).await;
+    eventually("B in pop maintenance", Duration::from_secs(1), || async { b.get("/api/v1/system/maintenance/pop").await.1["enabled"] == true }).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/q?consumerGroup=g").await.status, 204);
+    a.post("/api/v1/system/maintenance/pop", json!({"enabled": false})).await;
+    eventually("B out of pop maintenance", Duration::from_secs(1), || async { b.pop("/api/v1/pop/queue/q?consumerGroup=g&autoAck=true").await.status == 200 }).await;
+    // The KV switch through A.
+    a.post("/api/v1/system/kv-timers", json!({"kv": false})).await;
+    eventually("B's KV off", Duration::from_secs(1), || async { b.post("/api/v1/kv", json!({"operations": [{"op": "get", "ns": "n", "key": "k"}]})).await.0 == 503 }).await;
+    a.post("/api/v1/system/kv-timers", json!({"kv": true})).await;
+    // A queue's settings through A: B delays a new message as configured.
+    a.post("/api/v1/configure", json!({"queue": "q", "options": {"delayedProcessing": 30}})).await;
+    eventually("B's delayedProcessing", Duration::from_secs(1), || async {
+        a.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "p", "payload": "late"}]})).await;
+        b.pop("/api/v1/pop/queue/q?consumerGroup=h&autoAck=true&batch=100").await.data().iter().all(|d| d != "late")
+    })
+    .await;
+}

@@ -254,12 +254,13 @@ async fn unparseable_parameters_answer_400_naming_them() {
     }
 }
 
-/// A push through another broker is invisible to this broker's rings until a
+/// A push through another broker that sends no hint (tests/cluster.rs has
+/// them) is invisible to this broker's rings until a
 /// reseed; idle rings are reseeded in the background (one query for every
 /// due ring), which opens the gate of a long-poll parked here.
 #[tokio::test]
 async fn a_push_through_another_broker_reaches_a_parked_long_poll_through_the_background_reseed() {
-    let here = Broker::start_with(&[("QUEEN_HOTLIST_RESEED_MS", "400")]).await;
+    let here = Broker::start_with(&[("QUEEN_HOTLIST_RESEED_MS", "400"), ("QUEEN_PEER_HINTS", "false")]).await;
     let there = here.peer().await;
     // First contact, so the ring exists and is idle.
     assert_eq!(here.pop("/api/v1/pop/queue/far?consumerGroup=g").await.status, 204);

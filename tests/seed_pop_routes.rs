@@ -304,13 +304,15 @@ async fn the_discovery_route_spans_queues_by_label(hotlist: bool) {
 /// (POP_WAIT_INITIAL_INTERVAL_MS 100 ms, growing after
 /// POP_WAIT_BACKOFF_THRESHOLD 3 consecutive empty waits by
 /// POP_WAIT_BACKOFF_MULTIPLIER 2.0, capped at POP_WAIT_MAX_INTERVAL_MS
-/// 1000 ms)". A push through another broker opens no gate here, so only the
-/// re-check finds it: within an initial interval early in the wait, after a
-/// grown one once three re-checks found nothing, within the cap later. (The SQL path: the hot-list learns of such pushes from
-/// its reseed instead, tests/pop.rs.)
+/// 1000 ms)". A push through another broker opens no gate here when this
+/// broker does not hear the brokers' hints (`QUEEN_PEER_HINTS=false`; with
+/// them it wakes at once, tests/cluster.rs), so only the re-check finds it:
+/// within an initial interval early in the wait, after a grown one once
+/// three re-checks found nothing, within the cap later. (The SQL path: the
+/// hot-list learns of such pushes from its reseed instead, tests/pop.rs.)
 #[tokio::test]
 async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
-    let here = Broker::start_with(&[("QUEEN_HOTLIST", "false")]).await;
+    let here = Broker::start_with(&[("QUEEN_HOTLIST", "false"), ("QUEEN_PEER_HINTS", "false")]).await;
     let there = here.peer().await;
     assert_eq!(here.pop("/api/v1/pop/queue/far?consumerGroup=g").await.status, 204);
     // (parked for, found no sooner than, found within) ms after the push: the

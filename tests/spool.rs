@@ -124,8 +124,12 @@ async fn a_spool_shared_by_brokers_of_two_databases_is_replayed_only_into_its_ow
     assert!(c.logs().iter().any(|l| l.contains("spool file of another database") && l.contains(&a.db)), "names A's database");
     assert_eq!(segment_count(&c).await, 0);
 
-    // A dies with its spool on disk and comes back: it replays its own, once, in order.
+    // A dies with its spool on disk and comes back, still in push
+    // maintenance (the switch is kept in the database); once it is turned
+    // off, A replays its own spool, once, in order.
     a.restart().await;
+    assert_eq!(a.get("/api/v1/system/maintenance").await.1["enabled"], true, "maintenance survives a restart");
+    assert_eq!(a.post("/api/v1/system/maintenance", json!({"enabled": false})).await.0, 200);
     let sql = a.sql().await;
     eventually("A's spool to reach its own database", Duration::from_secs(20), || async {
         common::stored_messages(&sql, "s", "p").await.len() == 50

@@ -51,6 +51,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(15, "0015_streams.sql"),
     migration!(16, "0016_ephemeral_switch.sql"),
     migration!(17, "0017_brokers.sql"),
+    migration!(18, "0018_cluster_switches.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -45,6 +45,8 @@ pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: 
         crate::pop::settings::QueueTimings::from_columns(column("minPopWaitTime"), column("delayedProcessing"), column("windowBuffer")),
     );
     state.coalescer.encryption().set(&req.queue, o["encryptionEnabled"].as_bool().unwrap_or(false));
+    // The other brokers reread their cached settings of the queue now.
+    state.cluster.announce_change();
     Ok(Json(answer).into_response())
 }
 

@@ -1,9 +1,10 @@
-//! System switches. Push maintenance (per broker process, not persisted):
-//! while on, pushes are spooled to disk and answered `buffered`; turning it
-//! off replays the spool. Pop maintenance (the same): while on, every pop
-//! answers 204 at once with no work done. The KV and timers kill switch
-//! (`/api/v1/system/kv-timers`) is kept in the database, so every broker
-//! honours it (`admin::switches`).
+//! System switches, every one kept in the database (`admin::switches`) and
+//! announced on the brokers' channel, so every broker applies a change
+//! within a second. Push maintenance: while on, pushes are spooled to disk
+//! and answered `buffered`; turning it off replays the spools. Pop
+//! maintenance: while on, every pop answers 204 at once with no work done.
+//! The KV and timers kill switch (`/api/v1/system/kv-timers`) and the
+//! ephemeral one.
 
 use axum::extract::State;
 use axum::Json;
@@ -33,7 +34,9 @@ pub async fn set_push_maintenance(
     if enabled && state.spool.is_none() {
         return Err(ApiError::BadRequest("enabled: push maintenance needs a writable FILE_BUFFER_DIR".into()));
     }
+    state.switches.set(&state.pool, "push", !enabled).await?;
     state.push_maintenance.store(enabled, std::sync::atomic::Ordering::SeqCst);
+    state.cluster.announce_change();
     tracing::info!(enabled, "push maintenance switched");
     if !enabled {
         let s = state.clone();
@@ -52,7 +55,9 @@ pub async fn set_pop_maintenance(
     body: axum::body::Body,
 ) -> Result<Json<Value>, ApiError> {
     let enabled = enabled_flag(headers, body).await?;
+    state.switches.set(&state.pool, "pop", !enabled).await?;
     state.pop.set_maintenance(enabled);
+    state.cluster.announce_change();
     tracing::info!(enabled, "pop maintenance switched");
     Ok(Json(json!({"enabled": enabled})))
 }
@@ -91,6 +96,7 @@ pub async fn set_kv_timers(
     if !changed {
         return Err(ApiError::BadRequest("enabled, kv or timers: required, a boolean".into()));
     }
+    state.cluster.announce_change();
     Ok(get_kv_timers(State(state)).await)
 }
 
@@ -109,6 +115,7 @@ pub async fn set_ephemeral(
 ) -> Result<Json<Value>, ApiError> {
     let enabled = enabled_flag(headers, body).await?;
     state.switches.set(&state.pool, "ephemeral", enabled).await?;
+    state.cluster.announce_change();
     tracing::info!(enabled, "ephemeral switched");
     Ok(get_ephemeral(State(state)).await)
 }
