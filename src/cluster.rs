@@ -37,14 +37,15 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 /// A broker whose heartbeat is older than this is not live.
 pub const LIVE_WITHIN_SECONDS: f64 = 5.0;
 
-/// A partition this broker just wrote, or (`reload`) a change of a switch
-/// or of queue settings the other brokers must reread.
-struct Hint {
-    reload: bool,
-    queue: String,
-    partition_id: i64,
-    partition: String,
-    count: u64,
+/// What this broker tells the others.
+enum Hint {
+    /// A partition it just wrote.
+    Pushed { queue: String, partition_id: i64, partition: String, count: u64 },
+    /// A lease of the queue ended (an ack, a nack): a long-poll held back by
+    /// it may claim now.
+    Released { queue: String },
+    /// A switch or a queue's settings changed: reread them.
+    Reload,
 }
 
 /// This broker's end of the channel.
@@ -68,7 +69,15 @@ impl Cluster {
     /// channel send; the service batches).
     pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
         if let Some(tx) = &self.hints {
-            let _ = tx.send(Hint { reload: false, queue: queue.to_string(), partition_id, partition: partition.to_string(), count });
+            let _ = tx.send(Hint::Pushed { queue: queue.to_string(), partition_id, partition: partition.to_string(), count });
+        }
+    }
+
+    /// Notes that a lease on `queue` ended here (the others' long-polls on
+    /// the queue may claim what it held back).
+    pub fn released(&self, queue: &str) {
+        if let Some(tx) = &self.hints {
+            let _ = tx.send(Hint::Released { queue: queue.to_string() });
         }
     }
 
@@ -76,7 +85,7 @@ impl Cluster {
     /// (they also do at their cache refresh, should this be lost).
     pub fn announce_change(&self) {
         if let Some(tx) = &self.hints {
-            let _ = tx.send(Hint { reload: true, queue: String::new(), partition_id: 0, partition: String::new(), count: 0 });
+            let _ = tx.send(Hint::Reload);
         }
     }
 
@@ -189,33 +198,38 @@ async fn session(
 }
 
 /// The notifications carrying `batch`: one partition once, with its counts
-/// summed, cut below the payload limit; a reload announcement rides along.
+/// summed, cut below the payload limit; released queues (`w`, once each)
+/// and a reload announcement (`r`) ride with the first.
 fn payloads(instance: &str, batch: Vec<Hint>) -> Vec<String> {
-    let mut merged: HashMap<i64, Hint> = HashMap::new();
-    let reload = batch.iter().any(|h| h.reload);
-    for h in batch.into_iter().filter(|h| !h.reload) {
-        match merged.get_mut(&h.partition_id) {
-            Some(m) => m.count += h.count,
-            None => {
-                merged.insert(h.partition_id, h);
+    let mut merged: HashMap<i64, (String, String, u64)> = HashMap::new();
+    let mut released: Vec<String> = Vec::new();
+    let mut reload = false;
+    for h in batch {
+        match h {
+            Hint::Pushed { queue, partition_id, partition, count } => merged.entry(partition_id).or_insert((queue, partition, 0)).2 += count,
+            Hint::Released { queue } => {
+                if !released.contains(&queue) {
+                    released.push(queue);
+                }
             }
+            Hint::Reload => reload = true,
         }
     }
     let mut out = Vec::new();
     let mut current: Vec<Value> = Vec::new();
-    let mut size = 0;
-    for h in merged.into_values() {
-        let entry = json!([h.queue, h.partition_id, h.partition, h.count]);
+    let mut size: usize = released.iter().map(|q| q.len() + 3).sum();
+    for (pid, (queue, partition, count)) in merged {
+        let entry = json!([queue, pid, partition, count]);
         let len = entry.to_string().len() + 1;
         if size + len > PAYLOAD_LIMIT && !current.is_empty() {
-            out.push(json!({"b": instance, "h": std::mem::take(&mut current)}).to_string());
+            out.push(json!({"b": instance, "h": std::mem::take(&mut current), "w": std::mem::take(&mut released), "r": std::mem::take(&mut reload)}).to_string());
             size = 0;
         }
         size += len;
         current.push(entry);
     }
-    if !current.is_empty() || reload {
-        out.push(json!({"b": instance, "h": current, "r": reload}).to_string());
+    if !current.is_empty() || !released.is_empty() || reload {
+        out.push(json!({"b": instance, "h": current, "w": released, "r": reload}).to_string());
     }
     out
 }
@@ -231,6 +245,9 @@ fn heard(ears: &Ears<'_>, payload: &str) {
         if let (Some(queue), Some(pid), Some(partition), Some(count)) = (h[0].as_str(), h[1].as_i64(), h[2].as_str(), h[3].as_u64()) {
             ears.pop.pushed(queue, pid, partition, count);
         }
+    }
+    for q in v["w"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        ears.pop.wake.pushed(q);
     }
     if v["r"] == true {
         ears.reloads.notify_one();
@@ -269,9 +286,15 @@ mod tests {
     #[test]
     fn a_batch_names_each_partition_once_and_stays_under_the_payload_limit() {
         let batch: Vec<Hint> = (0..2000)
-            .map(|i| Hint { reload: false, queue: "orders".into(), partition_id: i % 1000, partition: format!("p{}", i % 1000), count: 1 })
+            .map(|i| Hint::Pushed { queue: "orders".into(), partition_id: i % 1000, partition: format!("p{}", i % 1000), count: 1 })
             .collect();
+        let mut batch = batch;
+        batch.push(Hint::Released { queue: "orders".into() });
+        batch.push(Hint::Released { queue: "orders".into() });
+        batch.push(Hint::Reload);
         let out = payloads("me", batch);
+        let first: Value = serde_json::from_str(&out[0]).unwrap();
+        assert_eq!((first["w"].clone(), first["r"].clone()), (json!(["orders"]), json!(true)), "once, with the first");
         assert!(out.len() > 1, "1000 partitions do not fit one notification");
         let mut seen = HashMap::new();
         for p in &out {

@@ -130,3 +130,33 @@ async fn a_switch_or_a_queue_setting_changed_through_one_broker_holds_on_the_oth
     })
     .await;
 }
+
+#[tokio::test]
+async fn an_ack_on_one_broker_wakes_a_long_poll_the_lease_held_back_on_another() {
+    let db = cluster().create_db().await;
+    let a = broker_on(&db, &[]).await;
+    let b = broker_on(&db, &[("POP_WAIT_INITIAL_INTERVAL_MS", "5000"), ("POP_WAIT_MAX_INTERVAL_MS", "5000")]).await;
+    eventually("two live brokers", Duration::from_secs(10), || async { a.get("/api/v1/system/brokers").await.1["live"] == 2 }).await;
+    a.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "p", "payload": 1}, {"queue": "q", "partition": "p", "payload": 2}]})).await;
+    // A consumer on A leases the partition's first message.
+    let held = a.pop("/api/v1/pop/queue/q?consumerGroup=g&batch=1").await.body.unwrap();
+    // A pop of the same group parks on B: the partition is leased.
+    let parked = {
+        let (http, url) = (b.http.clone(), format!("{}/api/v1/pop/queue/q?consumerGroup=g&wait=true&timeout=20000&autoAck=true", b.url));
+        tokio::spawn(async move {
+            let r = http.get(&url).send().await.unwrap();
+            (Instant::now(), r.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let m = &held["messages"][0];
+    let (status, _) = a
+        .post("/api/v1/ack", json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": held["leaseId"], "status": "completed", "consumerGroup": "g"}))
+        .await;
+    assert_eq!(status, 200);
+    let acked = Instant::now();
+    let (answered, body) = parked.await.unwrap();
+    assert_eq!(body["messages"][0]["data"], 2);
+    let took = answered.saturating_duration_since(acked);
+    assert!(took < Duration::from_millis(1500), "woken by the release hint, not B's 5 s backoff ({took:?})");
+}

@@ -256,11 +256,13 @@ fn answer(o: &AckOutcome, index: usize) -> Answer<'_> {
 
 /// A released lease may leave messages behind it (the rest of a partly
 /// acked batch, a nacked one, new pushes that piled up meanwhile): wake the
-/// queue's parked long-polls rather than let them wait out their backoff.
+/// queue's parked long-polls, here and on the other brokers, rather than let
+/// them wait out their backoff.
 pub(super) fn wake_after(state: &AppState, released: &[Released]) {
     for r in released {
         if let Some(q) = &r.queue {
             state.pop.wake.pushed(q);
+            state.cluster.released(q);
         }
     }
 }
