@@ -105,6 +105,8 @@ def test_every_page_shows_the_brokers_numbers_and_acts_through_the_api(broker):
         assert text_of(driver, "#total-messages .v") == "35"
         assert text_of(driver, "#total-dlq .v") == "2"
         assert len(driver.find_elements("css selector", ".chart canvas")) >= 2, "two charts drawn"
+        live = wait_for(driver, lambda d: d.find_elements("css selector", "table.brokers tbody tr"), "the brokers list")
+        assert len(live) == 1 and "(this one)" in live[0].text and "live" in live[0].text
         shot(driver, "overview")
 
         # Queues: both, then a search.

@@ -165,10 +165,12 @@ pages.overview = async () => {
   const from = new Date(Date.now() - (range === "day" ? 86400e3 : 3600e3)).toISOString();
   const fromS = Date.parse(from) / 1000, nowS = Date.now() / 1000;
   const interval = range === "day" ? "hour" : "minute";
-  const [s, broker, traffic, ops] = await Promise.all([
+  const [s, broker, traffic, ops, brokers] = await Promise.all([
     get("/api/v1/status"), get("/status"),
     get(`/api/v1/status/analytics?from=${enc(from)}&interval=${interval}`),
     get(`/api/v1/analytics/queue-ops?from=${enc(from)}&interval=${interval}&limit=1000`),
+    // Admin only: a reader without the role sees this broker alone.
+    get("/api/v1/system/brokers").catch(() => null),
   ]);
   const card = (k, v, id) => el("div", { class: "card", id }, el("div", { class: "k" }, k), el("div", { class: "v" }, fmt(v)));
   const t = traffic.series.map((p) => Date.parse(p.bucket) / 1000);
@@ -194,6 +196,12 @@ pages.overview = async () => {
       card("version", broker.version), card("uptime", age(new Date(Date.now() - broker.uptimeSeconds * 1000).toISOString())),
       card("database", broker.database && broker.database.reachable ? `up (${fmt(broker.database.roundTripMs)} ms)` : "unreachable"),
       card("server", broker.serverId)),
+    brokers ? [el("h2", {}, `Brokers on this database (${brokers.live} live)`), table([
+      { key: "serverId", label: "Server", render: (b) => b.serverId + (b.self ? " (this one)" : "") },
+      { key: "version", label: "Version" }, { key: "startedAt", label: "Started", render: (b) => age(b.startedAt) + " ago" },
+      { key: "secondsSinceHeartbeat", label: "Last heartbeat (s)", num: true },
+      { key: "live", label: "State", render: (b) => el("span", { class: b.live ? "ok" : "bad" }, b.live ? "live" : "silent") },
+    ], brokers.brokers, { class: "brokers" })] : [],
   ];
 };
 
@@ -379,7 +387,7 @@ async function route(quiet) {
     const nodes = await pages[page](...args);
     charts.forEach((c) => c.destroy());
     charts = [];
-    view.replaceChildren(...[].concat(nodes));
+    view.replaceChildren(...[].concat(nodes).flat(Infinity));
     view.dataset.page = page;
     view.dataset.loaded = String(Date.now());
     if (focused && document.getElementById(focused)) {
