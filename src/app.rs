@@ -91,11 +91,7 @@ async fn migrate_with_retry(pool: &deadpool_postgres::Pool) -> Result<(), db::Db
 }
 
 fn is_connection_error(e: &db::DbError) -> bool {
-    match e {
-        db::DbError::Pool(_) => true,
-        db::DbError::Pg(pg) => pg.is_closed() || pg.as_db_error().is_none(),
-        db::DbError::Config(_) | db::DbError::Schema(_) | db::DbError::Unexpected(_) => false,
-    }
+    matches!(e, db::DbError::Pool(_)) || e.unavailable()
 }
 
 /// `queen migrate`: apply the schema and exit.

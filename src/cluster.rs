@@ -113,7 +113,10 @@ async fn run(
     let ears = Ears { pop: &pop, reloads: &reloads, instance: &instance };
     loop {
         match session(&pg, &ears, &server_id, &mut hints, &mut shutdown).await {
-            Ok(()) => return,
+            Ok(Ended::Shutdown) => return,
+            // A server closing the session cleanly (a fast shutdown, a
+            // failover) is a break like any other: reconnect.
+            Ok(Ended::Closed) => tracing::warn!("the brokers' hint channel was closed by the server; reconnecting"),
             Err(e) => tracing::warn!(error = %e, "the brokers' hint channel broke; reconnecting (hints meanwhile are lost: long-polls fall back on their backoff)"),
         }
         tokio::select! {
@@ -132,14 +135,20 @@ struct Ears<'a> {
     instance: &'a str,
 }
 
-/// One connection's life; `Ok` on shutdown.
+/// How a session ended without an error.
+enum Ended {
+    Shutdown,
+    Closed,
+}
+
+/// One connection's life.
 async fn session(
     pg: &tokio_postgres::Config,
     ears: &Ears<'_>,
     server_id: &str,
     hints: &mut mpsc::UnboundedReceiver<Hint>,
     shutdown: &mut broadcast::Receiver<()>,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<Ended, tokio_postgres::Error> {
     let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
     let (ntx, mut notifications) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
@@ -167,10 +176,10 @@ async fn session(
         tokio::select! {
             payload = notifications.recv() => match payload {
                 Some(p) => heard(ears, &p),
-                None => break Ok(()),
+                None => break Ok(Ended::Closed),
             },
             first = hints.recv() => {
-                let Some(first) = first else { break Ok(()) };
+                let Some(first) = first else { break Ok(Ended::Shutdown) };
                 let mut batch = vec![first];
                 while let Ok(h) = hints.try_recv() {
                     batch.push(h);
@@ -186,7 +195,7 @@ async fn session(
             }
             _ = shutdown.recv() => {
                 let _ = client.execute("DELETE FROM queen.brokers WHERE instance = $1", &[&instance]).await;
-                return Ok(());
+                return Ok(Ended::Shutdown);
             }
         }
     };

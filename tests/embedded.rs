@@ -165,11 +165,13 @@ async fn a_second_broker_on_the_same_data_dir_exits_at_once_and_never_touches_th
         assert!(dir.cluster_running(), "port {port}: the first broker's cluster still runs");
         assert_eq!(push_one(&first, &format!("after-{port}")).await, "queued", "and the first broker still serves");
     }
-    // With its database gone, the first broker answers pops with the documented pool error.
+    // With its database gone, the first broker answers pops with the documented outage answer.
     as_postgres(&find_bindir().unwrap().join("pg_ctl")).args(["stop", "-m", "fast", "-w", "-D"]).arg(dir.0.join("pgdata")).output().unwrap();
     let r = first.http.get(format!("{}/api/v1/pop/queue/e?wait=false", first.url)).send().await.unwrap();
-    assert_eq!(r.status().as_u16(), 500);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap(), json!({"error": "pool"}));
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body = r.json::<serde_json::Value>().await.unwrap();
+    assert_eq!(body["code"], "database_unavailable", "{body}");
     assert_eq!(first.terminate().await, Some(0));
     // The lock went with its owner: a broker starts on the directory again.
     let mut again = Broker::spawn("embedded".into(), dir.env()).await;

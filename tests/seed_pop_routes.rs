@@ -233,7 +233,15 @@ async fn a_stored_procedure_error_answers_a_bare_204() {
             .unwrap();
         let (status, body) = b.get_bytes("/api/v1/pop/queue/err/partition/p").await;
         assert_eq!((status, body.len()), (204, 0), "{mode}");
-        assert!(b.logs().iter().any(|l| l.contains("injected failure")), "{mode}: the operator still gets the text in the log");
+        // The log is read by another thread: give the line a moment to arrive.
+        let logged = || b.logs().iter().any(|l| l.contains("injected failure"));
+        for _ in 0..100 {
+            if logged() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(logged(), "{mode}: the operator still gets the text in the log");
     }
 }
 

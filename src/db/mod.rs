@@ -34,6 +34,45 @@ pub enum DbError {
     Unexpected(String),
 }
 
+impl DbError {
+    /// PostgreSQL is not there to take work right now: it is down,
+    /// restarting, failing over, or the connection reached a standby. The
+    /// work did not happen (a COMMIT cut off may have: a retry is then
+    /// caught by the dedup window), and the same request sent again once a
+    /// primary answers is the right move: HTTP answers 503 and pushes are
+    /// spooled. A pool that is merely busy (every connection lent out) is
+    /// not an outage: the seeds answer it `500 pool`.
+    pub fn unavailable(&self) -> bool {
+        use deadpool_postgres::{PoolError, TimeoutType};
+        match self {
+            DbError::Pool(PoolError::Timeout(TimeoutType::Wait)) => false,
+            DbError::Pool(_) => true,
+            DbError::Pg(e) => pg_unavailable(e),
+            DbError::Config(_) | DbError::Schema(_) | DbError::Unexpected(_) => false,
+        }
+    }
+}
+
+/// The PostgreSQL errors that mean "no primary here right now" rather than
+/// "this statement is wrong": a closed or broken connection, a failed
+/// connect, class 08 (connection exception), class 57P (the server shutting
+/// down, crashing, starting up or in recovery: `57P01` is what a fast
+/// shutdown or a failover tool sends every session), `25006` (a read-only
+/// transaction: the connection reached a standby or a demoted primary) and
+/// `53300` (too many connections, typical right after a promotion).
+pub fn pg_unavailable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.as_db_error() {
+        None => true,
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("57P") || code == "25006" || code == "53300"
+        }
+    }
+}
+
 /// tokio-postgres shows any server error as just "db error"; what an operator
 /// (or a client reading a 500) needs is the server's severity, code and
 /// message, or the cause of a connection failure.
@@ -49,18 +88,33 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 
 /// Builds the libpq-level configuration for an explicitly configured database
 /// (the embedded cluster builds its own).
+///
+/// Several hosts (libpq's `host=a,b`, a URL's `a:5432,b:5432`, or
+/// `PG_HOST=a,b`) are tried in order on every new connection. With more than
+/// one host and no `target_session_attrs` given, `read-write` is implied:
+/// a broker only writes, and after a failover the connection must land on
+/// whichever host is the primary now, not on the first that answers.
 pub fn pg_config(database: &Database) -> Result<tokio_postgres::Config, DbError> {
-    match database {
+    let mut c = match database {
         Database::Url(url) => url.parse().map_err(|e: tokio_postgres::Error| {
             DbError::Config(format!("QUEEN_DATABASE_URL does not parse: {e}"))
-        }),
+        })?,
         Database::Params { host, port, user, password, dbname } => {
             let mut c = tokio_postgres::Config::new();
-            c.host(host).port(*port).user(user).password(password).dbname(dbname);
-            Ok(c)
+            for h in host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+                c.host(h);
+            }
+            c.port(*port).user(user).password(password).dbname(dbname);
+            c
         }
-        Database::Embedded { .. } => Err(DbError::Config("the embedded cluster supplies its own configuration".into())),
+        Database::Embedded { .. } => {
+            return Err(DbError::Config("the embedded cluster supplies its own configuration".into()))
+        }
+    };
+    if c.get_hosts().len() > 1 && c.get_target_session_attrs() == tokio_postgres::config::TargetSessionAttrs::Any {
+        c.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
     }
+    Ok(c)
 }
 
 /// Creates the pool. Connections open lazily, so this does not touch the
@@ -83,9 +137,44 @@ pub fn pool(config: &Config, mut pg: tokio_postgres::Config) -> Result<Pool, DbE
         .map_err(|e| DbError::Config(e.to_string()))
 }
 
+/// What one trivial round trip found: the server answers, and whether it is
+/// a standby (in recovery: it cannot take a single write).
+#[derive(Debug, Clone, Copy)]
+pub struct Ping {
+    pub in_recovery: bool,
+}
+
 /// One trivial round trip: what `/health` asks.
-pub async fn ping(pool: &Pool) -> Result<(), DbError> {
+pub async fn ping(pool: &Pool) -> Result<Ping, DbError> {
     let client = pool.get().await?;
-    client.simple_query("SELECT 1").await?;
-    Ok(())
+    let row = client.query_one("SELECT pg_is_in_recovery()", &[]).await?;
+    Ok(Ping { in_recovery: row.get(0) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_postgres::config::{Host, TargetSessionAttrs};
+
+    fn params(host: &str) -> Database {
+        Database::Params { host: host.into(), port: 5433, user: "u".into(), password: "p".into(), dbname: "d".into() }
+    }
+
+    #[test]
+    fn several_hosts_are_tried_in_order_and_imply_read_write() {
+        let c = pg_config(&params("db1, db2")).unwrap();
+        assert_eq!(c.get_hosts(), [Host::Tcp("db1".into()), Host::Tcp("db2".into())]);
+        assert_eq!(c.get_ports(), [5433]);
+        assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+        let c = pg_config(&Database::Url("postgres://u@a:5432,b:5433/q".into())).unwrap();
+        assert_eq!(c.get_hosts().len(), 2);
+        assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+    }
+
+    #[test]
+    fn one_host_keeps_what_was_given() {
+        assert_eq!(pg_config(&params("db1")).unwrap().get_target_session_attrs(), TargetSessionAttrs::Any);
+        let c = pg_config(&Database::Url("host=/run/pg port=5432 target_session_attrs=read-write".into())).unwrap();
+        assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+    }
 }

@@ -23,6 +23,12 @@ pub enum ApiError {
     /// No pooled connection in time.
     #[error("pool")]
     Pool,
+    /// No primary PostgreSQL answers right now (down, restarting, failing
+    /// over): `503` with `Retry-After`, the code `database_unavailable`.
+    /// The request changed nothing; the same request sent again once a
+    /// primary answers is safe (`DbError::unavailable`).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
     /// The database or the broker failed; the client may retry.
     #[error("{0}")]
     Internal(String),
@@ -40,6 +46,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Pool | ApiError::Internal(_) | ApiError::Decrypt { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -47,21 +54,31 @@ impl ApiError {
 
 impl From<&crate::push::PushError> for ApiError {
     fn from(e: &crate::push::PushError) -> Self {
-        use crate::db::DbError;
         use crate::push::PushError;
         match e {
-            PushError::Db(DbError::Pool(_)) => ApiError::Pool,
+            PushError::Db(e) => ApiError::from_db(e),
             other => ApiError::Internal(format!("push failed: {other}")),
+        }
+    }
+}
+
+impl ApiError {
+    /// A database failure as an answer: an outage is a retryable 503, a busy
+    /// pool the seeds' `500 pool`, anything else a 500 naming the failure.
+    pub fn from_db(e: &crate::db::DbError) -> ApiError {
+        if e.unavailable() {
+            ApiError::Unavailable(e.to_string())
+        } else if matches!(e, crate::db::DbError::Pool(_)) {
+            ApiError::Pool
+        } else {
+            ApiError::Internal(e.to_string())
         }
     }
 }
 
 impl From<crate::db::DbError> for ApiError {
     fn from(e: crate::db::DbError) -> Self {
-        match e {
-            crate::db::DbError::Pool(_) => ApiError::Pool,
-            other => ApiError::Internal(other.to_string()),
-        }
+        ApiError::from_db(&e)
     }
 }
 
@@ -69,6 +86,7 @@ impl From<crate::pop::PopError> for ApiError {
     fn from(e: crate::pop::PopError) -> Self {
         match e {
             crate::pop::PopError::Pool => ApiError::Pool,
+            crate::pop::PopError::Unavailable(e) => ApiError::from_db(&e),
             crate::pop::PopError::Timeout => ApiError::Internal("pop failed".into()),
             crate::pop::PopError::Decrypt(d) => ApiError::Decrypt { partition_id: d.partition_id, detail: d.to_string() },
             other => ApiError::Internal(other.to_string()),
@@ -85,8 +103,12 @@ impl IntoResponse for ApiError {
             ApiError::Decrypt { partition_id, detail } => {
                 json!({ "error": self.to_string(), "partitionId": partition_id.to_string(), "detail": detail })
             }
+            ApiError::Unavailable(_) => json!({ "error": self.to_string(), "code": "database_unavailable" }),
             _ => json!({ "error": self.to_string() }),
         };
+        if matches!(self, ApiError::Unavailable(_)) {
+            return (self.status(), [(axum::http::header::RETRY_AFTER, "1")], Json(body)).into_response();
+        }
         (self.status(), Json(body)).into_response()
     }
 }

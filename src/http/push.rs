@@ -91,8 +91,14 @@ async fn push_and_answer(
     if let Some(spool) = &state.spool {
         // Maintenance, or older spooled pushes still waiting: join the queue
         // behind them so a partition keeps the order pushes were answered in.
-        if state.push_maintenance() || spool.has_pending() {
+        if state.push_maintenance() {
             return spooled(spool, items, producer).await;
+        }
+        if spool.has_pending() {
+            let txns = spool.append_if_pending(items, producer).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+            if let Some(txns) = txns {
+                return Ok(buffered(items, txns));
+            }
         }
     }
     match push::push_items_prepacked(&state.coalescer, items, producer, prepacked).await {
@@ -122,6 +128,11 @@ async fn spooled(
     producer: Option<&str>,
 ) -> Result<Response, ApiError> {
     let txns = spool.append(items, producer).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(buffered(items, txns))
+}
+
+/// The answer to a spooled request: `buffered` per item.
+fn buffered(items: &[crate::push::PushItem<'_>], txns: Vec<String>) -> Response {
     let answer: Vec<serde_json::Value> = items
         .iter()
         .zip(txns)
@@ -131,7 +142,7 @@ async fn spooled(
                                "transactionId": txn, "transaction_id": txn, "queueName": item.queue, "partitionId": null})
         })
         .collect();
-    Ok((StatusCode::CREATED, Json(answer)).into_response())
+    (StatusCode::CREATED, Json(answer)).into_response()
 }
 
 /// Tells the pop side which partitions just received how many messages.

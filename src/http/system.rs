@@ -150,7 +150,7 @@ pub async fn status_buffers(State(state): State<AppState>) -> Json<Value> {
 pub async fn broker_status(State(state): State<AppState>) -> Json<Value> {
     let t = std::time::Instant::now();
     let database = match crate::db::ping(&state.pool).await {
-        Ok(()) => json!({"reachable": true, "roundTripMs": t.elapsed().as_secs_f64() * 1000.0,
+        Ok(p) => json!({"reachable": true, "roundTripMs": t.elapsed().as_secs_f64() * 1000.0, "inRecovery": p.in_recovery,
                          "embedded": matches!(state.config.database, crate::config::Database::Embedded { .. })}),
         Err(e) => json!({"reachable": false, "error": e.to_string(),
                          "embedded": matches!(state.config.database, crate::config::Database::Embedded { .. })}),

@@ -60,6 +60,9 @@ pub enum PopError {
     /// The statement timed out and was cancelled server-side.
     #[error("pop failed")]
     Timeout,
+    /// PostgreSQL is not there (`DbError::unavailable`): a retryable 503.
+    #[error("pop: {0}")]
+    Unavailable(crate::db::DbError),
     /// Any other database error: the seed answers 204 and discards the text
     /// (the log keeps the server's message).
     #[error("pop error: {}", crate::db::describe(.0))]
@@ -74,6 +77,8 @@ impl From<tokio_postgres::Error> for PopError {
     fn from(e: tokio_postgres::Error) -> Self {
         if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
             PopError::Timeout
+        } else if crate::db::pg_unavailable(&e) {
+            PopError::Unavailable(crate::db::DbError::Pg(e))
         } else {
             PopError::Database(e)
         }
@@ -531,7 +536,10 @@ impl PopService {
     }
 
     async fn connection(&self) -> Result<deadpool_postgres::Client, PopError> {
-        self.pool.get().await.map_err(|_| PopError::Pool)
+        self.pool.get().await.map_err(|e| {
+            let e = crate::db::DbError::Pool(e);
+            if e.unavailable() { PopError::Unavailable(e) } else { PopError::Pool }
+        })
     }
 }
 

@@ -36,8 +36,9 @@ impl PushError {
     /// write): the push may be spooled and replayed later.
     pub fn database_unreachable(&self) -> bool {
         match self {
+            // A busy pool spools too: the push would otherwise fail.
             PushError::Db(DbError::Pool(_)) => true,
-            PushError::Db(DbError::Pg(e)) => e.is_closed() || e.as_db_error().is_none(),
+            PushError::Db(e) => e.unavailable(),
             _ => false,
         }
     }

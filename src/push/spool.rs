@@ -34,6 +34,16 @@ use uuid::Uuid;
 
 use super::{push_items, Coalescer, ItemResult, PushError, PushItem};
 
+/// Spool lines (requests) replayed per push call.
+const REPLAY_LINES: usize = 100;
+
+/// Replay passes made while producers may still append, before the handoff.
+const UNLOCKED_PASSES: usize = 8;
+
+/// What may be left for the handoff, which holds appends back while it
+/// replays: about a tenth of a second of replay.
+const HANDOFF_BYTES: u64 = 256 << 10;
+
 /// One spooled push item. Names borrow from the line unless they hold JSON
 /// escapes (a `"` or `\` is a legal name character): a plain `&str` field
 /// made such a line unreadable, and replay skipped it as torn.
@@ -234,6 +244,19 @@ impl Spool {
     /// Appends a request's items as one line and fsyncs it. Items without a
     /// transactionId get one now. Returns the transactionIds, in item order.
     pub async fn append(&self, items: &[PushItem<'_>], producer: Option<&str>) -> Result<Vec<String>, SpoolError> {
+        Ok(self.append_when(items, producer, true).await?.expect("a forced append appends"))
+    }
+
+    /// [`Spool::append`] only if spooled work is still waiting, decided
+    /// under the append lock: `None` means the spool has drained and the
+    /// push goes to PostgreSQL, behind everything that was spooled. Deciding
+    /// by [`Spool::has_pending`] alone let a push join a spool the replay
+    /// had just found empty, and under steady load the spool never drained.
+    pub async fn append_if_pending(&self, items: &[PushItem<'_>], producer: Option<&str>) -> Result<Option<Vec<String>>, SpoolError> {
+        self.append_when(items, producer, false).await
+    }
+
+    async fn append_when(&self, items: &[PushItem<'_>], producer: Option<&str>, force: bool) -> Result<Option<Vec<String>>, SpoolError> {
         use base64::Engine as _;
         let txns: Vec<String> =
             items.iter().map(|i| i.transaction_id.as_deref().map_or_else(|| Uuid::now_v7().to_string(), str::to_string)).collect();
@@ -260,6 +283,9 @@ impl Spool {
         }
         line.extend_from_slice(b"]\n");
         let mut current = self.current.lock().await;
+        if !force && !self.pending.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
         if current.is_none() {
             let name = format!("spool-{:020}-{}.jsonl", chrono::Utc::now().timestamp_nanos_opt().unwrap_or(0), std::process::id());
             let path = self.dir.join(name);
@@ -281,20 +307,51 @@ impl Spool {
             f.sync_data()
         })?;
         self.pending.store(true, Ordering::SeqCst);
-        Ok(txns)
+        Ok(Some(txns))
     }
 
     /// Replays every spooled line in order through the coalescer. Stops at
     /// the first failure (PostgreSQL still away) and leaves the rest for the
     /// next call. `on_commit` learns what each line wrote.
+    ///
+    /// Producers keep appending while it replays, so it ends with a handoff:
+    /// once what is left is small, the append lock is held while the last
+    /// lines replay and the spool is declared empty, so appends waiting on
+    /// the lock find it drained and go to PostgreSQL themselves
+    /// ([`Spool::append_if_pending`]). Without it a spool under steady load
+    /// never drained: each pass left the lines of the pass before.
     pub async fn replay(&self, coalescer: &Coalescer, on_commit: impl Fn(&[ItemResult])) -> Result<usize, SpoolError> {
         let _one_at_a_time = self.replaying.lock().await;
-        // New appends go to a new file from here on.
-        {
-            let mut current = self.current.lock().await;
-            current.take();
-            self.current_path.lock().expect("current path lock poisoned").take();
+        let mut replayed = 0;
+        for _ in 0..UNLOCKED_PASSES {
+            // New appends go to a new file from here on.
+            {
+                let mut current = self.current.lock().await;
+                current.take();
+                self.current_path.lock().expect("current path lock poisoned").take();
+            }
+            replayed += self.replay_files(coalescer, &on_commit).await?;
+            if self.waiting_bytes()? <= HANDOFF_BYTES {
+                break;
+            }
         }
+        let mut current = self.current.lock().await;
+        current.take();
+        self.current_path.lock().expect("current path lock poisoned").take();
+        replayed += self.replay_files(coalescer, &on_commit).await?;
+        let still = !self.files()?.is_empty();
+        self.pending.store(still, Ordering::SeqCst);
+        Ok(replayed)
+    }
+
+    /// Bytes in this database's spool files.
+    fn waiting_bytes(&self) -> Result<u64, SpoolError> {
+        Ok(self.files()?.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum())
+    }
+
+    /// Replays this database's files, oldest first, deleting each once all
+    /// of it committed.
+    async fn replay_files(&self, coalescer: &Coalescer, on_commit: &impl Fn(&[ItemResult])) -> Result<usize, SpoolError> {
         let mut replayed = 0;
         for path in self.files()? {
             let file = std::fs::File::open(&path)?;
@@ -302,41 +359,63 @@ impl Spool {
             if !try_lock(&file)? {
                 continue;
             }
-            for line in std::io::BufReader::new(&file).lines().skip(1) {
-                let line = line?;
-                if line.trim().is_empty() {
-                    continue;
+            let mut lines = std::io::BufReader::new(&file).lines().skip(1);
+            loop {
+                // Many lines per push: replaying one request per round trip
+                // could not outrun producers appending behind it.
+                let chunk: Vec<String> = lines.by_ref().take(REPLAY_LINES).collect::<Result<_, _>>()?;
+                if chunk.is_empty() {
+                    break;
                 }
-                // A torn last line (crash mid-append) was never answered: skip it.
-                let Ok(lines) = serde_json::from_str::<Vec<Line<'_>>>(&line) else { continue };
-                // Sealed payloads open first; one that does not (the key
-                // is gone) stops the replay: a spooled push is never dropped.
-                let opened: Vec<Option<String>> = lines
-                    .iter()
-                    .map(|l| l.sealed.as_deref().map(|b64| open_spooled(self.encryption.ring(), b64, &l.transaction_id)).transpose())
-                    .collect::<Result<_, _>>()?;
-                let items: Vec<PushItem<'_>> = lines
-                    .iter()
-                    .zip(&opened)
-                    .map(|(l, opened)| PushItem {
-                        queue: Cow::Borrowed(&l.queue),
-                        partition: Cow::Borrowed(&l.partition),
-                        transaction_id: Some(l.transaction_id.as_str().into()),
-                        trace_id: l.trace_id,
-                        payload: opened.as_deref().or(l.payload.map(RawValue::get)).unwrap_or("null"),
-                        message_id: None,
-                    })
-                    .collect();
-                // One request per line, so one producer per line.
-                let producer = lines.first().and_then(|l| l.producer_sub.as_deref());
-                let results = push_items(coalescer, &items, producer).await.map_err(|e: std::sync::Arc<PushError>| SpoolError::Push(e.to_string()))?;
-                replayed += results.len();
-                on_commit(&results);
+                replayed += self.replay_lines(coalescer, &chunk, on_commit).await?;
             }
             std::fs::remove_file(&path)?;
         }
-        let still = !self.files()?.is_empty();
-        self.pending.store(still, Ordering::SeqCst);
+        Ok(replayed)
+    }
+
+    /// Pushes the requests of consecutive spool lines, as few calls as
+    /// their producers allow (a call has one producer), in file order.
+    async fn replay_lines(&self, coalescer: &Coalescer, chunk: &[String], on_commit: &impl Fn(&[ItemResult])) -> Result<usize, SpoolError> {
+        // A torn last line (crash mid-append) was never answered: skip it.
+        let parsed: Vec<Vec<Line<'_>>> = chunk
+            .iter()
+            .filter(|l| !l.trim().is_empty())
+            .filter_map(|l| serde_json::from_str::<Vec<Line<'_>>>(l).ok())
+            .collect();
+        let mut replayed = 0;
+        let mut rest: &[Vec<Line<'_>>] = &parsed;
+        while let Some(first) = rest.first() {
+            let producer = first.first().and_then(|l| l.producer_sub.as_deref());
+            let same = rest.iter().take_while(|ls| ls.first().and_then(|l| l.producer_sub.as_deref()) == producer).count().max(1);
+            let (run, tail) = rest.split_at(same);
+            rest = tail;
+            let all: Vec<&Line<'_>> = run.iter().flatten().collect();
+            // Sealed payloads open first; one that does not (the key is
+            // gone) stops the replay: a spooled push is never dropped.
+            let opened: Vec<Option<String>> = all
+                .iter()
+                .map(|l| l.sealed.as_deref().map(|b64| open_spooled(self.encryption.ring(), b64, &l.transaction_id)).transpose())
+                .collect::<Result<_, _>>()?;
+            let items: Vec<PushItem<'_>> = all
+                .iter()
+                .zip(&opened)
+                .map(|(l, opened)| PushItem {
+                    queue: Cow::Borrowed(&l.queue),
+                    partition: Cow::Borrowed(&l.partition),
+                    transaction_id: Some(l.transaction_id.as_str().into()),
+                    trace_id: l.trace_id,
+                    payload: opened.as_deref().or(l.payload.map(RawValue::get)).unwrap_or("null"),
+                    message_id: None,
+                })
+                .collect();
+            if items.is_empty() {
+                continue;
+            }
+            let results = push_items(coalescer, &items, producer).await.map_err(|e: std::sync::Arc<PushError>| SpoolError::Push(e.to_string()))?;
+            replayed += results.len();
+            on_commit(&results);
+        }
         Ok(replayed)
     }
 }
