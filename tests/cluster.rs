@@ -181,13 +181,45 @@ async fn three_brokers_deliver_everything_in_order_once_through_a_kill_and_a_rej
     let mut c = broker_on(&db, &[]).await;
     // Short leases: what the killed broker's consumer held comes back soon.
     assert_eq!(a.post("/api/v1/configure", json!({"queue": "work", "options": {"leaseTime": 2}})).await.0, 200);
-    // 3,000 messages over 10 partitions, pushed through the three in turn.
+    // 3,000 messages over 10 partitions, pushed through the three in turn:
+    // a third before the consumers start, the rest by two producers (five
+    // partitions each) while they run and while C is killed. A producer
+    // whose broker fails sends the same request, same transactionIds, to
+    // the next one, as the official client fails over between its URLs.
     let (parts, total) = (10i64, 3000i64);
-    for chunk in 0..(total / 50) {
+    let body = |ns: &[i64]| {
         let items: Vec<Value> =
-            (chunk * 50..chunk * 50 + 50).map(|n| json!({"queue": "work", "partition": format!("p{}", n % parts), "payload": n})).collect();
+            ns.iter().map(|n| json!({"queue": "work", "partition": format!("p{}", n % parts), "payload": n, "transactionId": format!("w{n}")})).collect();
+        json!({ "items": items })
+    };
+    let lane = |k: i64| (0..total).filter(move |n| (n % parts < parts / 2) == (k == 0));
+    let early = total / 3;
+    for chunk in 0..(early / 50) {
+        let ns: Vec<i64> = (chunk * 50..chunk * 50 + 50).collect();
         let via = [&a, &b, &c][(chunk % 3) as usize];
-        assert_eq!(via.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+        assert_eq!(via.post("/api/v1/push", body(&ns)).await.0, 201);
+    }
+    let urls = Arc::new(Mutex::new([a.url.clone(), b.url.clone(), c.url.clone()]));
+    let mut producers = Vec::new();
+    for k in 0..2 {
+        let later: Vec<i64> = lane(k).filter(|n| *n >= early).collect();
+        let (urls, bodies) = (urls.clone(), later.chunks(25).map(body).collect::<Vec<_>>());
+        producers.push(tokio::spawn(async move {
+            let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+            let started = Instant::now();
+            for (i, body) in bodies.iter().enumerate() {
+                let mut via = i + k as usize;
+                loop {
+                    assert!(started.elapsed() < Duration::from_secs(60), "a push found no broker");
+                    let url = urls.lock().unwrap()[via % 3].clone();
+                    match http.post(format!("{url}/api/v1/push")).json(body).send().await {
+                        Ok(r) if r.status().as_u16() == 201 => break,
+                        _ => via += 1,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(60)).await;
+            }
+        }));
     }
     let seen = Arc::new(Mutex::new(Seen::default()));
     let c_url = Arc::new(Mutex::new(c.url.clone()));
@@ -224,12 +256,18 @@ async fn three_brokers_deliver_everything_in_order_once_through_a_kill_and_a_rej
             }
         }));
     }
-    // Under load, kill C (no shutdown of any kind), then bring it back.
-    eventually("a third consumed", Duration::from_secs(30), || async { seen.lock().unwrap().delivered.len() >= 1000 }).await;
+    // Under load, producers still pushing, kill C (no shutdown of any
+    // kind), then bring it back.
+    eventually("a third consumed", Duration::from_secs(30), || async { seen.lock().unwrap().delivered.len() >= 800 }).await;
+    assert!(producers.iter().all(|p| !p.is_finished()), "the producers still push when C dies");
     c.kill();
     tokio::time::sleep(Duration::from_secs(1)).await;
     c.restart().await;
     *c_url.lock().unwrap() = c.url.clone();
+    urls.lock().unwrap()[2] = c.url.clone();
+    for p in producers {
+        p.await.unwrap();
+    }
     // Until the group has committed everything: what the killed broker's
     // consumer held comes back when its lease ends.
     let group_lag = || async {
@@ -246,6 +284,10 @@ async fn three_brokers_deliver_everything_in_order_once_through_a_kill_and_a_rej
     let (took, body) = wake_across(&a, &c, "rejoin").await;
     assert_eq!(body["messages"][0]["data"]["n"], 1);
     assert!(took < Duration::from_secs(2), "{took:?}");
+    // Stored once each: a push retried on another broker after its first
+    // broker died was caught by its transactionId.
+    let stored: i64 = a.sql().await.query_one("SELECT sum(p.last_offset + 1)::bigint FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'work'", &[]).await.unwrap().get(0);
+    assert_eq!(stored, total, "every message stored once");
     let s = seen.lock().unwrap();
     assert_eq!(s.delivered.len(), total as usize, "every message delivered");
     // Nothing committed twice: no message in two confirmed acks.
