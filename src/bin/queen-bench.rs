@@ -142,6 +142,12 @@ enum Scenario {
         /// instead of one repeated character, which compresses to nothing
         #[arg(long)]
         random_payload: bool,
+        /// Who mints each message's transactionId: `client` (a random v4
+        /// uuid per message, as every official client does: the path users
+        /// take, and the default) or `broker` (none sent: the broker mints
+        /// time-ordered v7 ids)
+        #[arg(long, value_enum, default_value_t = Ids::Client)]
+        ids: Ids,
     },
     /// Drain a pre-filled backlog: leased pops + ack/batch (or autoAck)
     Consume {
@@ -291,7 +297,7 @@ enum Scenario {
 async fn main() {
     let cli = Cli::parse();
     match cli.scenario {
-        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window, encrypted, random_payload } => {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window, encrypted, random_payload, ids } => {
             let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
             let mut options = serde_json::Map::new();
             if let Some(window) = dedup_window {
@@ -303,7 +309,7 @@ async fn main() {
             if !options.is_empty() {
                 configure_queue(&cli.url, &queue, options.into()).await;
             }
-            let how = PushKind { binary, dedup_window, encrypted, random_payload };
+            let how = PushKind { binary, dedup_window, encrypted, random_payload, ids };
             push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, how).await
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s, pop_url } => {
@@ -463,11 +469,18 @@ async fn wake(url: &str, pop_base: &str, trials: usize, park: Duration, delayed:
     );
 }
 
-/// A `QPB1` body of one flag-8 group: `batch` frames with fresh ids (the
-/// transactionId is the id's text), compressed as a client would.
-fn qpb1_flag8(queue: &str, partition: &str, batch: usize, payload: &str) -> Vec<u8> {
+/// A `QPB1` body of one flag-8 group: `batch` frames with fresh v7 message
+/// ids and transactionIds minted as `minted` says (a random v4, or the
+/// message id's text), compressed as a client would.
+fn qpb1_flag8(queue: &str, partition: &str, batch: usize, payload: &str, minted: Ids) -> Vec<u8> {
     let payload = serde_json::to_string(payload).expect("a string serializes");
-    let ids: Vec<(uuid::Uuid, String)> = (0..batch).map(|_| { let id = uuid::Uuid::now_v7(); (id, id.to_string()) }).collect();
+    let ids: Vec<(uuid::Uuid, String)> = (0..batch)
+        .map(|_| {
+            let id = uuid::Uuid::now_v7();
+            let txn = if minted == Ids::Client { uuid::Uuid::new_v4() } else { id };
+            (id, txn.to_string())
+        })
+        .collect();
     let mut raw = Vec::new();
     for (id, txn) in &ids {
         queen::log::Frame { message_id: *id, trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: payload.as_bytes() }
@@ -506,7 +519,7 @@ async fn push(
     payload_size: usize,
     how: PushKind,
 ) {
-    let PushKind { binary, dedup_window, encrypted, random_payload } = how;
+    let PushKind { binary, dedup_window, encrypted, random_payload, ids } = how;
     let payloads = payload_pool(payload_size, random_payload);
     let started = Instant::now();
     let deadline = started + duration;
@@ -526,10 +539,15 @@ async fn push(
                 round += 1;
                 let payload = |k: usize| &payloads[(round * batch + k) % payloads.len()];
                 let (body, content_type) = if binary {
-                    (qpb1_flag8(&queue, &partition, batch, payload(0)), "application/octet-stream")
+                    (qpb1_flag8(&queue, &partition, batch, payload(0), ids), "application/octet-stream")
                 } else {
-                    let items: Vec<_> =
-                        (0..batch).map(|k| json!({"queue": queue, "partition": partition, "payload": payload(k)})).collect();
+                    let items: Vec<_> = (0..batch)
+                        .map(|k| match ids {
+                            Ids::Client => json!({"queue": queue, "partition": partition, "payload": payload(k),
+                                                  "transactionId": uuid::Uuid::new_v4().to_string()}),
+                            Ids::Broker => json!({"queue": queue, "partition": partition, "payload": payload(k)}),
+                        })
+                        .collect();
                     (serde_json::to_vec(&json!({ "items": items })).expect("serializable"), "application/json")
                 };
                 let t = Instant::now();
@@ -570,7 +588,8 @@ async fn push(
         json!({"scenario": "push", "body": if binary { "QPB1" } else { "JSON" }, "batch": batch, "partitions": partitions, "concurrency": concurrency,
                "payload_size": payload_size, "seconds": secs, "messages": sent, "msg_per_s": rate,
                "req_p50_ms": pct(0.5), "req_p99_ms": pct(0.99), "errors": errors, "broker_peak_rss_mb": peak_rss_mb,
-               "dedup_window": dedup_window, "encrypted": encrypted, "random_payload": random_payload})
+               "dedup_window": dedup_window, "encrypted": encrypted, "random_payload": random_payload,
+               "ids": format!("{ids:?}").to_lowercase()})
     );
 }
 
@@ -581,6 +600,16 @@ struct PushKind {
     dedup_window: Option<u32>,
     encrypted: bool,
     random_payload: bool,
+    ids: Ids,
+}
+
+/// Who mints a pushed message's transactionId (`push --ids`).
+#[derive(Clone, Copy, PartialEq, Debug, clap::ValueEnum)]
+enum Ids {
+    /// A random v4 uuid per message, sent by the client.
+    Client,
+    /// None sent; the broker mints a v7.
+    Broker,
 }
 
 /// The payloads a run cycles through: one string of `size - 2` repeated
