@@ -13,32 +13,7 @@ ROUNDS=${ROUNDS:-3}
 PG_EXTRA=${PG_EXTRA:-"-c max_prepared_transactions=64"}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 start_broker
-OUT=$DIR/bench.out
-lsn() { "${PSQL[@]}" -At -c "SELECT pg_current_wal_lsn()"; }
-wal_since() { "${PSQL[@]}" -At -c "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '$1')::bigint"; }
-sampled() { # args: queen-bench arguments; the sampler waits for $AFTER when set
-    ./target/release/queen-bench --url "$BROKER_URL" "$@" > "$OUT" &
-    local pid=$!
-    local cpu
-    # The WAL position when the sampled part starts (after a prefill).
-    (
-        for _ in $(seq 1 60000); do
-            if [ -z "${AFTER:-}" ] || grep -q "$AFTER" "$OUT" 2>/dev/null; then break; fi
-            sleep 0.01
-        done
-        lsn > "$DIR/start.lsn"
-    ) &
-    local marker=$!
-    cpu=$(python3 scripts/lib/cpu-sample.py "$OUT" "$BROKER_PID" ${AFTER:+--after "$AFTER"})
-    wait "$pid"
-    wait "$marker"
-    local wal messages
-    wal=$(wal_since "$(cat "$DIR/start.lsn")")
-    cat "$OUT"
-    echo "$cpu"
-    messages=$(sed -n 's/.*"messages":\([0-9]*\).*/\1/p' "$OUT" | tail -1)
-    echo "wal bytes per message $(awk -v w="$wal" -v m="$messages" 'BEGIN { printf "%.0f", w / m }') ($wal over $messages)"
-}
+source scripts/lib/sampled.sh
 for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round: push, batch 100, 10 partitions, 8 clients, client-minted ids, default queue (dedup window 1 h)"
     sampled push --batch 100 --partitions 10 --concurrency 8 --duration "$DURATION"
