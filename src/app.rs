@@ -317,7 +317,10 @@ fn spawn_timer_fire(state: AppState, mut shutdown: broadcast::Receiver<()>) {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "timer fire failed; retrying next tick");
+                        static FAILED: crate::telemetry::Throttle = crate::telemetry::Throttle::new(5_000);
+                        if let Some(skipped) = FAILED.admit() {
+                            tracing::warn!(error = %e, skipped, "timer fire failed; retrying next tick");
+                        }
                         break;
                     }
                 }

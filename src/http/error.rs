@@ -96,7 +96,13 @@ impl From<crate::pop::PopError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status().is_server_error() {
+        if let ApiError::Unavailable(_) = &self {
+            // Every request fails alike during an outage: one line per 5 s.
+            static OUTAGE: crate::telemetry::Throttle = crate::telemetry::Throttle::new(5_000);
+            if let Some(skipped) = OUTAGE.admit() {
+                tracing::warn!(error = %self, skipped, "request answered 503: the database is unavailable");
+            }
+        } else if self.status().is_server_error() {
             tracing::warn!(error = %self, "request failed");
         }
         let body = match &self {

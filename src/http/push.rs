@@ -113,7 +113,10 @@ async fn push_and_answer(
             Ok(created_json(render_answer(&results)))
         }
         Err(e) if e.database_unreachable() && state.spool.is_some() => {
-            tracing::warn!(error = %e, "PostgreSQL unreachable; spooling the push");
+            static SPOOLING: crate::telemetry::Throttle = crate::telemetry::Throttle::new(5_000);
+            if let Some(skipped) = SPOOLING.admit() {
+                tracing::warn!(error = %e, skipped, "PostgreSQL unreachable; spooling the push");
+            }
             spooled(state.spool.as_ref().expect("checked above"), items, producer).await
         }
         Err(e) => Err(ApiError::from(&*e)),

@@ -290,7 +290,12 @@ impl Inner {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(queue = %lane.key.0, partition = %lane.key.1, error = %e, "segment write failed");
+                    static FAILED: crate::telemetry::Throttle = crate::telemetry::Throttle::new(5_000);
+                    if !e.database_unreachable() {
+                        tracing::warn!(queue = %lane.key.0, partition = %lane.key.1, error = %e, "segment write failed");
+                    } else if let Some(skipped) = FAILED.admit() {
+                        tracing::warn!(queue = %lane.key.0, partition = %lane.key.1, error = %e, skipped, "segment write failed: the database is unavailable");
+                    }
                     for entry in batch {
                         let _ = entry.reply.send(Err(e.clone()));
                     }
