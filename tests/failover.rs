@@ -160,6 +160,14 @@ async fn fail_over(synchronous: bool) -> Run {
     ])
     .await;
     assert_eq!(broker.get("/health").await.0, 200);
+    // A broker given the standby alone reports it: reachable, read-only.
+    let watcher = Broker::spawn("postgres".into(), vec![
+        ("QUEEN_DATABASE_URL".into(), format!("host={} port=5432 user=postgres dbname=postgres", standby.socket().display())),
+        ("QUEEN_APPLY_SCHEMA".into(), "false".into()),
+    ])
+    .await;
+    let (status, body) = watcher.get("/health").await;
+    assert_eq!((status, &body["database"]), (503, &json!("read-only")), "{body}");
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     let stop_producing = Arc::new(AtomicBool::new(false));
@@ -317,6 +325,9 @@ async fn fail_over(synchronous: bool) -> Run {
     for t in consumers {
         t.await.unwrap();
     }
+    // The standby-only broker sees the same host become a primary.
+    let (status, body) = watcher.get("/health").await;
+    assert_eq!((status, &body["database"]), (200, &json!("connected")), "{body}");
     let seen = std::mem::take(&mut *seen.lock().unwrap());
     Run { seen, killed_at, promoted_at, cursors_before, new_primary, broker, _nodes: (primary, standby) }
 }
