@@ -2,7 +2,7 @@
 # Push with deduplication, the path users take (issue 34, docs/PERFORMANCE.md):
 # batch 100, 8 clients, PARTITIONS partitions, client-minted random v4
 # transactionIds on a queue with the default window (WINDOW seconds, 3600),
-# beside the same on a window-0 queue and the same with broker-minted ids,
+# beside the same on a window-0 queue, and both with broker-minted ids,
 # interleaved for ROUNDS rounds on one broker, each with CPU per message by
 # process and WAL bytes per message; then the 100-row INSERT baseline of the
 # same PostgreSQL. Durable private cluster, release broker, localhost only,
@@ -22,6 +22,8 @@ for round in $(seq 1 "$ROUNDS"); do
     push --dedup-window 0
     echo "== round $round: broker-minted ids, window $WINDOW s"
     push --dedup-window "$WINDOW" --ids broker
+    echo "== round $round: broker-minted ids, window 0"
+    push --dedup-window 0 --ids broker
 done
 "${PSQL[@]}" -c "SELECT relname, pg_size_pretty(pg_relation_size(oid)) AS heap,
                          pg_size_pretty(pg_relation_size(reltoastrelid)) AS toast,
