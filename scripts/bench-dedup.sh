@@ -11,13 +11,30 @@ DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-3}
 PARTITIONS=${PARTITIONS:-10}
 WINDOW=${WINDOW:-3600}
+# PRELOAD index entries spread over the window, written before the rounds
+# into the partitions of the queue the windowed client-id runs push to: the
+# index a long window holds in its steady state, which a 10 s run never
+# grows on its own.
+PRELOAD=${PRELOAD:-0}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 start_broker
 source scripts/lib/sampled.sh
 push() { sampled push --batch 100 --partitions "$PARTITIONS" --concurrency 8 --duration "$DURATION" "$@"; }
+QUEUE=bench.dedup.windowed
+./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions "$PARTITIONS" --concurrency 8 --duration 1 \
+    --dedup-window "$WINDOW" --queue "$QUEUE" > /dev/null
+if [ "$PRELOAD" -gt 0 ]; then
+    echo "== preloading $PRELOAD index entries over the last $WINDOW s"
+    "${PSQL[@]}" -c "INSERT INTO queen.txn_index (partition_id, txn_hash, msg_offset, created_at)
+        SELECT p.id, (random() * 9.2e18)::bigint * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END), -g,
+               now() - random() * make_interval(secs => $WINDOW)
+        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id AND q.name = '$QUEUE'
+        CROSS JOIN generate_series(1, $PRELOAD / $PARTITIONS) g
+        ON CONFLICT DO NOTHING" -c "CHECKPOINT"
+fi
 for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round: client-minted ids, window $WINDOW s"
-    push --dedup-window "$WINDOW"
+    push --dedup-window "$WINDOW" --queue "$QUEUE"
     echo "== round $round: client-minted ids, window 0"
     push --dedup-window 0
     echo "== round $round: broker-minted ids, window $WINDOW s"
