@@ -56,7 +56,8 @@ impl From<&crate::push::PushError> for ApiError {
     fn from(e: &crate::push::PushError) -> Self {
         use crate::push::PushError;
         match e {
-            PushError::Db(e) => ApiError::from_db(e),
+            // An outage or a busy pool answers as on every route.
+            PushError::Db(db) if db.unavailable() || matches!(db, crate::db::DbError::Pool(_)) => ApiError::from_db(db),
             other => ApiError::Internal(format!("push failed: {other}")),
         }
     }
