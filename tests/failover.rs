@@ -277,13 +277,7 @@ async fn fail_over(synchronous: bool) -> Run {
         s.answered.len() >= 400 && s.acked.len() >= 100
     })
     .await;
-    let cursors_before: HashMap<String, i64> = p
-        .query("SELECT p.name, c.committed FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id WHERE c.consumer_group = 'g'", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let cursors_before = cursors(&p).await;
     drop(p);
     let killed_at = Instant::now();
     primary.kill9();
@@ -332,6 +326,16 @@ async fn fail_over(synchronous: bool) -> Run {
     Run { seen, killed_at, promoted_at, cursors_before, new_primary, broker, _nodes: (primary, standby) }
 }
 
+/// Group g's committed offset per partition name.
+async fn cursors(sql: &tokio_postgres::Client) -> HashMap<String, i64> {
+    sql.query("SELECT p.name, c.committed FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id WHERE c.consumer_group = 'g'", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
 /// transactionId → how many times it is stored on the new primary.
 async fn stored_counts(sql: &tokio_postgres::Client) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -374,14 +378,7 @@ async fn a_synchronous_standby_takes_over_without_losing_or_doubling_an_answered
     assert!(r.seen.answered.iter().all(|(t, _, _)| delivered.contains(t.as_str())), "every answered push delivered");
     // Cursors never moved backwards: none is behind where it was before the
     // kill, and nothing acked before the kill was delivered again after it.
-    let after: HashMap<String, i64> = r
-        .new_primary
-        .query("SELECT p.name, c.committed FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id WHERE c.consumer_group = 'g'", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
+    let after = cursors(&r.new_primary).await;
     for (part, before) in &r.cursors_before {
         assert!(after[part] >= *before, "{part}: cursor {before} before the kill, {} after", after[part]);
     }

@@ -324,24 +324,25 @@ impl Spool {
         let _one_at_a_time = self.replaying.lock().await;
         let mut replayed = 0;
         for _ in 0..UNLOCKED_PASSES {
-            // New appends go to a new file from here on.
-            {
-                let mut current = self.current.lock().await;
-                current.take();
-                self.current_path.lock().expect("current path lock poisoned").take();
-            }
+            self.close_current(&mut *self.current.lock().await);
             replayed += self.replay_files(coalescer, &on_commit).await?;
             if self.waiting_bytes()? <= HANDOFF_BYTES {
                 break;
             }
         }
         let mut current = self.current.lock().await;
-        current.take();
-        self.current_path.lock().expect("current path lock poisoned").take();
+        self.close_current(&mut current);
         replayed += self.replay_files(coalescer, &on_commit).await?;
         let still = !self.files()?.is_empty();
         self.pending.store(still, Ordering::SeqCst);
         Ok(replayed)
+    }
+
+    /// New appends go to a new file from here on; the one being appended
+    /// to becomes replayable. Called with the append lock held.
+    fn close_current<T>(&self, current: &mut Option<T>) {
+        current.take();
+        self.current_path.lock().expect("current path lock poisoned").take();
     }
 
     /// Bytes in this database's spool files.
