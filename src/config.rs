@@ -33,6 +33,9 @@ pub struct CoalesceConfig {
     pub zstd_level: i32,
     /// Most group writes (transactions of several lanes' segments) in flight.
     pub group_writers: usize,
+    /// Most transactionId hashes the broker keeps in memory for the dedup
+    /// windows of the partitions it writes (`push::dedup`).
+    pub dedup_entries: usize,
 }
 
 /// Where a named group starts when its first pop names no subscription mode.
@@ -444,6 +447,9 @@ impl Config {
                     (1..=19).contains(v)
                 })?,
                 group_writers: env.parse(&["QUEEN_PUSH_GROUP_WRITERS"], 4usize, "a count of at least 1", |v| *v >= 1)?,
+                dedup_entries: env.parse(&["QUEEN_DEDUP_MEMORY_ENTRIES"], 16_000_000usize, "a count of at least 1000", |v| {
+                    *v >= 1000
+                })?,
             },
             pop: PopConfig {
                 default_timeout: ms(&["DEFAULT_TIMEOUT", "POP_DEFAULT_TIMEOUT_MS"], 30_000, 0)?,
@@ -583,6 +589,7 @@ impl Config {
         ("QUEEN_V2_FUSION_BYTES", "4194304", "most uncompressed bytes in one coalesced segment"),
         ("QUEEN_PUSH_GROUP_WRITERS", "4", "most group commits (several partitions' segments in one transaction) in flight"),
         ("QUEEN_V2_ZSTD_LEVEL", "3", "zstd level of segment compression"),
+        ("QUEEN_DEDUP_MEMORY_ENTRIES", "16000000", "most transactionIds the broker remembers for the dedup windows of the partitions it writes (about 40 bytes each); past it the least recently written partitions are forgotten and checked in PostgreSQL on their next write"),
         ("DEFAULT_TIMEOUT (fallback POP_DEFAULT_TIMEOUT_MS)", "30000", "long-poll timeout in ms of a pop that sends none"),
         ("POP_WAIT_INITIAL_INTERVAL_MS", "100", "first long-poll re-check interval"),
         ("POP_WAIT_BACKOFF_THRESHOLD", "3", "re-checks at the initial interval before backing off"),

@@ -298,8 +298,12 @@ async fn fifty_concurrent_pushers_to_one_partition_get_gap_free_offsets_in_few_s
             .collect();
         assert_eq!(mine, (0..EACH).collect::<Vec<_>>());
     }
-    let idx: i64 = sql.query_one("SELECT count(DISTINCT msg_offset) FROM queen.txn_index", &[]).await.unwrap().get(0);
-    assert_eq!(idx, n, "one index entry per message");
+    let hashes: i64 = sql
+        .query_one("SELECT count(DISTINCT h) FROM queen.segments s, unnest(s.txn_hashes) h", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(hashes, n, "each segment carries one hash per message");
 }
 
 /// Batch-1 producers spread over many partitions: their segments are
@@ -418,12 +422,16 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
         }
     };
     assert_eq!((last("a").await, last("b").await, last("c").await), (1, 0, 0), "b's offsets were given back");
-    let b_index: i64 = sql
-        .query_one("SELECT count(*) FROM queen.txn_index t JOIN queen.partitions p ON p.id = t.partition_id WHERE p.name = 'b'", &[])
+    let b_hashes: Vec<i64> = sql
+        .query_one(
+            "SELECT array_agg(h) FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id, unnest(s.txn_hashes) h
+             WHERE p.name = 'b'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
-    assert_eq!(b_index, 1, "only the original's index entry remains in b");
+    assert_eq!(b_hashes, vec![dup], "only the original's hash is stored in b");
     let stored_b = stored_messages(&sql, "grp", "b").await;
     assert_eq!(stored_b.len(), 1);
     assert_eq!(stored_b[0].message_id, original);
@@ -541,13 +549,13 @@ async fn unknown_api_routes_answer_json_404() {
     assert_eq!(body["error"], "method not allowed");
 }
 
-/// Once the broker knows a queue keeps a dedup window, its segments go to
-/// `push_segment_dedup_v1` directly: `push_segment_v1` would look the queue up again
-/// and hand them there. A queue without a window stays on v2 and keeps no
-/// index. What is known outlives the partition's lane (each push here finds
-/// its lane gone).
+/// A queue with a dedup window (or one not yet known) is written through
+/// `push_segments_v2`, and a duplicate the broker remembers is answered
+/// without a write; once the broker knows a queue keeps no window, its
+/// segments go to `push_segment_v1`, which keeps no hashes. What is known
+/// outlives the partition's lane (each push here finds its lane gone).
 #[tokio::test]
-async fn a_queue_known_to_keep_a_window_is_written_without_the_second_lookup() {
+async fn each_queue_is_written_through_the_function_its_window_calls_for() {
     let mut b = common::broker_counting_calls(&[]).await;
     let (status, _) = b.post("/api/v1/configure", json!({"queue": "w0", "options": {"dedupWindowSeconds": 0}})).await;
     assert_eq!(status, 200);
@@ -567,9 +575,91 @@ async fn a_queue_known_to_keep_a_window_is_written_without_the_second_lookup() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(entries, 0, "a queue without a window keeps no index");
+    assert_eq!(entries, 0, "no queue keeps an index");
+    let hashed: Vec<(String, i64)> = sql
+        .query(
+            "SELECT q.name, count(s.txn_hashes) FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id
+             JOIN queen.queues q ON q.id = p.queue_id GROUP BY q.name ORDER BY q.name",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(hashed, vec![("dd".to_string(), 4), ("w0".to_string(), 0)], "only a queue with a window stores hashes");
     drop(sql);
     let calls = common::calls_after_exit(&mut b).await;
-    assert_eq!(calls("push_segment_v1"), 5, "dd's first write (its window not yet known) and w0's four");
-    assert_eq!(calls("push_segment_dedup_v1"), 5, "every write to dd, four of them straight");
+    assert_eq!(calls("push_segments_v2"), 5, "dd's four writes and w0's first (its window not yet known)");
+    assert_eq!(calls("push_segment_v1"), 3, "w0's writes once its window is known");
+    assert_eq!(calls("push_segment_dedup_v1"), 0);
+}
+
+/// The ids of a push answer by transactionId: (status, messageId).
+fn by_txn(body: &Value) -> std::collections::HashMap<String, (String, String)> {
+    results(body)
+        .iter()
+        .map(|r| {
+            let field = |f: &str| r[f].as_str().unwrap().to_string();
+            (field("transactionId"), (field("status"), field("messageId")))
+        })
+        .collect()
+}
+
+/// Pushes ids `id-N` for N in `ids` to shared/p through `broker`.
+async fn push_ids(broker: &Broker, ids: std::ops::Range<i32>) -> std::collections::HashMap<String, (String, String)> {
+    let items: Vec<Value> =
+        ids.map(|i| json!({"queue": "shared", "partition": "p", "payload": i, "transactionId": format!("id-{i}")})).collect();
+    let (status, answer) = broker.post("/api/v1/push", json!({ "items": items })).await;
+    assert_eq!(status, 201, "{answer}");
+    by_txn(&answer)
+}
+
+/// Deduplication stays exact when two brokers write one partition and
+/// across a restart: each broker remembers what it wrote, and PostgreSQL
+/// checks what it has not seen under the partition lock (`push::dedup`).
+#[tokio::test]
+async fn two_brokers_on_one_partition_store_each_id_once_and_answer_the_originals() {
+    let mut a = Broker::start().await;
+    let b = a.peer().await;
+    let first = push_ids(&a, 0..50).await;
+    assert!(first.values().all(|(s, _)| s == "queued"));
+    // b has never written the partition: PostgreSQL checks the whole window.
+    let second = push_ids(&b, 25..75).await;
+    for i in 25..75 {
+        let txn = format!("id-{i}");
+        if i < 50 {
+            assert_eq!(second[&txn], ("duplicate".to_string(), first[&txn].1.clone()), "{txn}: a's original");
+        } else {
+            assert_eq!(second[&txn].0, "queued", "{txn}");
+        }
+    }
+    // a's memory is behind b's write: PostgreSQL checks what a has not seen.
+    let third = push_ids(&a, 60..80).await;
+    for i in 60..80 {
+        let txn = format!("id-{i}");
+        let want = if i < 75 { ("duplicate".to_string(), second[&txn].1.clone()) } else { ("queued".to_string(), third[&txn].1.clone()) };
+        assert_eq!(third[&txn], want, "{txn}");
+    }
+    // And after a restart a remembers nothing.
+    a.restart().await;
+    let again = push_ids(&a, 0..10).await;
+    for (txn, answer) in &again {
+        assert_eq!(answer, &("duplicate".to_string(), first[txn].1.clone()), "{txn}");
+    }
+    // Both at once, on the same new ids: each stored once, both answered
+    // with the one message id.
+    for round in 0..4 {
+        let ids = 1000 + round * 100..1100 + round * 100;
+        let (x, y) = tokio::join!(push_ids(&a, ids.clone()), push_ids(&b, ids.clone()));
+        for i in ids {
+            let txn = format!("id-{i}");
+            let statuses = [x[&txn].0.as_str(), y[&txn].0.as_str()];
+            assert!(statuses.contains(&"queued") && statuses.contains(&"duplicate"), "{txn}: {statuses:?}");
+            assert_eq!(x[&txn].1, y[&txn].1, "{txn}: one message id");
+        }
+    }
+    let stored = stored_messages(&a.sql().await, "shared", "p").await;
+    let txns: HashSet<&str> = stored.iter().map(|m| m.transaction_id.as_str()).collect();
+    assert_eq!((stored.len(), txns.len()), (480, 480), "80 ids, then 4 x 100, each stored once");
 }

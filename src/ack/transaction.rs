@@ -31,7 +31,7 @@ use uuid::Uuid;
 use super::{AckItem, AckService, AckStatus, Fence, Released};
 use crate::db::DbError;
 use crate::pop::QUEUE_MODE;
-use crate::push::segment::{write_segment, SegmentWrite};
+use crate::push::segment::SegmentWrite;
 use crate::push::validate::{parse_item, parse_items, PushItem};
 use crate::push::{Outcome, PushPlan};
 
@@ -326,7 +326,7 @@ pub async fn push_in(
             plan.frame(items, idx).encode_into(&mut frames);
         }
         let hashes: Vec<i64> = g.leaders.iter().map(|&i| plan.hashes[i]).collect();
-        match write_segment(tx, &g.queue, &g.partition, &hashes, &frames, coalescer.config().zstd_level).await? {
+        match coalescer.write_in(tx, &g.queue, &g.partition, &hashes, &frames).await? {
             SegmentWrite::Written { partition_id, base_offset, .. } => {
                 for (n, &idx) in g.leaders.iter().enumerate() {
                     let message_id = plan.message_ids[idx];

@@ -52,6 +52,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(16, "0016_ephemeral_switch.sql"),
     migration!(17, "0017_brokers.sql"),
     migration!(18, "0018_cluster_switches.sql"),
+    migration!(19, "0019_dedup_in_segments.sql"),
 ];
 
 /// The first migration of the development history squashed into the

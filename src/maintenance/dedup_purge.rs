@@ -60,7 +60,8 @@ const HEAD_SQL: &str = "
 const BLOBS_SQL: &str = "
     SELECT s.partition_id, r.lo, r.hi, s.blob
     FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) r (pid, lo, hi)
-    JOIN queen.segments s ON s.partition_id = r.pid AND s.base_offset BETWEEN r.lo AND r.hi";
+    JOIN queen.segments s ON s.partition_id = r.pid AND s.base_offset BETWEEN r.lo AND r.hi
+    WHERE s.txn_hashes IS NULL";
 
 const MARK_SQL: &str = "
     INSERT INTO queen.dedup_purge_marks (partition_id, purged_below, oldest_at)

@@ -25,8 +25,10 @@ use deadpool_postgres::Pool;
 use tokio::sync::{oneshot, Notify};
 use uuid::Uuid;
 
+use super::dedup::{DedupCache, Segment};
 use super::group::GroupCommitter;
-use super::segment::{PushError, SegmentWrite};
+use super::segment::{append_segment, append_v2, keeps_no_window, originals, PushError, SegmentV2, SegmentWrite};
+use crate::db::DbError;
 use crate::config::CoalesceConfig;
 use crate::log::{compress_frames, decompress_frames, FrameReader, SEGMENT_LIMIT};
 
@@ -113,6 +115,9 @@ struct Inner {
     /// every later segment of the queue a check (see `append_segment`).
     windows: Mutex<HashMap<String, i32>>,
     group: GroupCommitter,
+    /// The dedup windows of the partitions this broker writes: every write
+    /// to a queue with a window is checked here first (`push::dedup`).
+    dedup: DedupCache,
     cfg: CoalesceConfig,
     /// Which queues seal their payloads: every push path reaches the log
     /// through this coalescer, so this is where it learns (`PushPlan`).
@@ -134,6 +139,7 @@ impl Coalescer {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
                 windows: Mutex::new(HashMap::new()),
                 group: GroupCommitter::new(pool, cfg.group_writers),
+                dedup: DedupCache::new(cfg.dedup_entries),
                 cfg,
                 encryption,
                 flushers: AtomicUsize::new(0),
@@ -150,6 +156,47 @@ impl Coalescer {
     /// The broker's encryption state (which queues seal their payloads).
     pub fn encryption(&self) -> &Arc<crate::crypto::Encryption> {
         &self.inner.encryption
+    }
+
+    /// The broker's dedup memory.
+    pub fn dedup(&self) -> &DedupCache {
+        &self.inner.dedup
+    }
+
+    /// Compresses `frames` into one segment and appends it to (queue,
+    /// partition) inside the caller's transaction `client` (a transaction
+    /// bundle, a timer tick), which commits it with its other work. Checked
+    /// against the dedup memory like a lane's write; the memory learns only
+    /// what others committed before (the segment itself may still roll
+    /// back), and catches up with it on the partition's next write.
+    pub async fn write_in(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        queue: &str,
+        partition: &str,
+        hashes: &[i64],
+        frames: &[u8],
+    ) -> Result<SegmentWrite, DbError> {
+        let blob = compress_frames(frames, self.inner.cfg.zstd_level);
+        let window = self.inner.windows.lock().expect("windows lock poisoned").get(queue).copied();
+        if keeps_no_window(window) {
+            return append_segment(client, queue, partition, hashes, &blob).await;
+        }
+        let dedup = &self.inner.dedup;
+        let check = window.map(|w| dedup.check(queue, partition, w, hashes)).unwrap_or_default();
+        if let (Some(known), false) = (check.known, check.dups.is_empty()) {
+            let offsets: Vec<i64> = check.dups.iter().map(|d| d.1).collect();
+            let ids = originals(client, known.pid, &offsets).await?;
+            let dups: Vec<(usize, Uuid)> = check.dups.iter().zip(ids).filter_map(|(d, id)| id.map(|id| (d.0, id))).collect();
+            if !dups.is_empty() {
+                return Ok(SegmentWrite::Duplicates { partition_id: known.pid, window: window.unwrap_or(1), dups });
+            }
+        }
+        let segment = SegmentV2 { partition, hashes, blob: &blob, known: check.known };
+        let appended = append_v2(client, queue, std::slice::from_ref(&segment)).await?.pop();
+        let appended = appended.ok_or_else(|| DbError::Unexpected("push_segments_v2 answered nothing".into()))?;
+        dedup.absorb(queue, partition, check.known, &appended.answer, None);
+        Ok(appended.write)
     }
 
     /// Queues a chunk for (queue, partition) and returns where its outcome
@@ -367,7 +414,33 @@ impl Inner {
             if attempts > MAX_ATTEMPTS {
                 return Err(Arc::new(PushError::Lost));
             }
-            let hashes: Vec<i64> = survivors.iter().map(|&(e, i)| batch[e].items[i].txn_hash).collect();
+            let mut hashes: Vec<i64> = survivors.iter().map(|&(e, i)| batch[e].items[i].txn_hash).collect();
+            // What the dedup memory already holds is answered here, with the
+            // original's id; the rest goes to PostgreSQL with what the memory
+            // covers, and PostgreSQL checks what it does not.
+            let check = window.filter(|w| *w > 0).map(|w| self.dedup.check(&key.0, &key.1, w, &hashes)).unwrap_or_default();
+            let known = check.known;
+            if let (Some(known), false) = (known, check.dups.is_empty()) {
+                let offsets: Vec<i64> = check.dups.iter().map(|d| d.1).collect();
+                let ids = self.group.originals(known.pid, &offsets).await.map_err(|e| Arc::new(PushError::Db(e)))?;
+                let mut dropped = vec![false; survivors.len()];
+                // An original whose segment is gone (retention) leaves the id new.
+                for (&(n, _), message_id) in check.dups.iter().zip(ids) {
+                    let Some(message_id) = message_id else { continue };
+                    let (e, i) = survivors[n];
+                    outcomes[e][i] = Some(Outcome::Duplicate { message_id, partition_id: known.pid });
+                    dropped[n] = true;
+                }
+                let mut n = 0;
+                survivors.retain(|_| {
+                    n += 1;
+                    !dropped[n - 1]
+                });
+                if survivors.is_empty() {
+                    break;
+                }
+                hashes = survivors.iter().map(|&(e, i)| batch[e].items[i].txn_hash).collect();
+            }
             // The client's blob holds exactly these frames only while nothing
             // has been dropped (merged or refused as a duplicate); otherwise
             // the survivors' frames are gathered and compressed here.
@@ -395,7 +468,16 @@ impl Inner {
                     compress_frames(&frames, self.cfg.zstd_level)
                 }
             };
-            match self.group.write(&key.0, &key.1, hashes, blob, window).await? {
+            let appended = self.group.write(&key.0, &key.1, hashes.clone(), blob, window, known).await?;
+            if let Some(at_us) = appended.at_us {
+                self.dedup.observe_clock(at_us);
+            }
+            let own = match (&appended.write, appended.at_us) {
+                (SegmentWrite::Written { base_offset, .. }, Some(at_us)) => Some(Segment { base: *base_offset, at_us, hashes }),
+                _ => None,
+            };
+            self.dedup.absorb(&key.0, &key.1, known, &appended.answer, own.as_ref());
+            match appended.write {
                 SegmentWrite::Written { partition_id, base_offset, window } => {
                     window_seen = window;
                     for (n, &(e, i)) in survivors.iter().enumerate() {

@@ -24,7 +24,11 @@ use std::time::Instant;
 use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::oneshot;
 
-use super::segment::{append_segment, keeps_window, original_id, PushError, SegmentWrite, PUSH_SQL, PUSH_WINDOW_SQL};
+use super::dedup::{Answer, Known};
+use super::segment::{
+    append_segment, append_v2, keeps_no_window, original_id, Appended, PushError, SegmentV2, SegmentWrite, PUSH_SQL,
+    PUSH_V2_SQL,
+};
 use crate::db::DbError;
 
 /// Most segments one group write carries.
@@ -37,12 +41,12 @@ const MAX_BYTES: usize = 8 << 20;
 /// sets go as single calls inside the group's transaction.
 const MULTI_MIN: usize = 3;
 
+/// Several segments of a queue known to keep no dedup window. A queue with
+/// one (or not yet known) goes through `segment::PUSH_V2_SQL`, one call for
+/// all its segments however few.
 const GROUP_SQL: &str = "SELECT * FROM queen.push_segments_v1($1, $2, $3, $4, $5, $6, $7)";
-/// For a queue known to keep a dedup window, the function `push_segments_v1` hands the
-/// call to (see `segment::PUSH_WINDOW_SQL`).
-const GROUP_WINDOW_SQL: &str = "SELECT * FROM queen.push_segments_dedup_v1($1, $2, $3, $4, $5, $6, $7)";
 
-type Reply = oneshot::Sender<Result<SegmentWrite, Arc<PushError>>>;
+type Reply = oneshot::Sender<Result<Appended, Arc<PushError>>>;
 
 /// One lane's segment, waiting for a group write.
 struct Job {
@@ -52,6 +56,8 @@ struct Job {
     blob: Vec<u8>,
     /// The queue's dedup window as the lane last saw it (`None`: unknown).
     window: Option<i32>,
+    /// What the broker's dedup memory covers of the partition.
+    known: Option<Known>,
     reply: Reply,
     queued: Instant,
 }
@@ -82,7 +88,8 @@ impl GroupCommitter {
     /// Appends one compressed segment to (queue, partition), committed with
     /// whatever else is ready. At most one segment per partition may be in
     /// flight (the lane guarantees it). `window`: the queue's dedup window as
-    /// last reported, which picks the function to call.
+    /// last reported, which picks the function to call; `known`: what the
+    /// dedup memory covers of the partition.
     pub async fn write(
         &self,
         queue: &str,
@@ -90,10 +97,19 @@ impl GroupCommitter {
         hashes: Vec<i64>,
         blob: Vec<u8>,
         window: Option<i32>,
-    ) -> Result<SegmentWrite, Arc<PushError>> {
+        known: Option<Known>,
+    ) -> Result<Appended, Arc<PushError>> {
         let (reply, rx) = oneshot::channel();
-        let job =
-            Job { queue: queue.to_string(), partition: partition.to_string(), hashes, blob, window, reply, queued: Instant::now() };
+        let job = Job {
+            queue: queue.to_string(),
+            partition: partition.to_string(),
+            hashes,
+            blob,
+            window,
+            known,
+            reply,
+            queued: Instant::now(),
+        };
         {
             let mut st = self.inner.state.lock().expect("group lock poisoned");
             st.pending.push(job);
@@ -104,6 +120,12 @@ impl GroupCommitter {
             }
         }
         rx.await.unwrap_or_else(|_| Err(Arc::new(PushError::Lost)))
+    }
+
+    /// The original message ids at `offsets` of partition `pid` (see
+    /// `segment::originals`).
+    pub async fn originals(&self, pid: i64, offsets: &[i64]) -> Result<Vec<Option<uuid::Uuid>>, DbError> {
+        super::segment::originals(&self.inner.pool.get().await?, pid, offsets).await
     }
 }
 
@@ -146,11 +168,16 @@ impl Inner {
         for (j, job) in jobs.iter().enumerate() {
             by_queue.entry(&job.queue).or_default().push(j);
         }
+        // A queue with a dedup window (or not yet known) is one v2 call
+        // however few its segments; one without batches from MULTI_MIN.
         let calls: Vec<Vec<usize>> = by_queue
             .into_values()
             .flat_map(|mut v| {
                 v.sort_by(|&a, &b| jobs[a].partition.cmp(&jobs[b].partition));
-                if v.len() >= MULTI_MIN { vec![v] } else { v.into_iter().map(|j| vec![j]).collect() }
+                let (plain, v2): (Vec<usize>, Vec<usize>) = v.into_iter().partition(|&j| keeps_no_window(jobs[j].window));
+                let plain: Vec<Vec<usize>> =
+                    if plain.len() >= MULTI_MIN { vec![plain] } else { plain.into_iter().map(|j| vec![j]).collect() };
+                plain.into_iter().chain((!v2.is_empty()).then_some(v2))
             })
             .collect();
         let result = if calls.len() == 1 {
@@ -161,7 +188,7 @@ impl Inner {
         stage("write", writing);
         match result {
             Ok(results) => {
-                let mut replies: Vec<Option<SegmentWrite>> = jobs.iter().map(|_| None).collect();
+                let mut replies: Vec<Option<Appended>> = jobs.iter().map(|_| None).collect();
                 for (members, writes) in calls.iter().zip(results) {
                     for (&j, w) in members.iter().zip(writes) {
                         replies[j] = Some(w);
@@ -208,10 +235,10 @@ async fn write_in_transaction(
     client: &deadpool_postgres::Client,
     jobs: &[Job],
     calls: &[Vec<usize>],
-) -> Result<Vec<Vec<SegmentWrite>>, DbError> {
+) -> Result<Vec<Vec<Appended>>, DbError> {
     // Statements are prepared (cached) first, so that each call below sends
     // its query on first poll, in order, between BEGIN and COMMIT.
-    for sql in [GROUP_SQL, GROUP_WINDOW_SQL, PUSH_SQL, PUSH_WINDOW_SQL] {
+    for sql in [GROUP_SQL, PUSH_SQL, PUSH_V2_SQL] {
         client.prepare_cached(sql).await?;
     }
     let begin = client.batch_execute("BEGIN");
@@ -225,12 +252,20 @@ async fn write_in_transaction(
     Ok(results)
 }
 
-/// One call for `members` (indexes into `jobs`, all of one queue): each
-/// member's outcome, in `members` order.
-async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> Result<Vec<SegmentWrite>, DbError> {
+/// One call for `members` (indexes into `jobs`, all of one queue and one
+/// kind, see `write_group`): each member's outcome, in `members` order.
+async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> Result<Vec<Appended>, DbError> {
+    let plain = |write| Appended { write, answer: Answer::default(), at_us: None };
+    if !keeps_no_window(jobs[members[0]].window) {
+        let segments: Vec<SegmentV2> = members
+            .iter()
+            .map(|&j| SegmentV2 { partition: &jobs[j].partition, hashes: &jobs[j].hashes, blob: &jobs[j].blob, known: jobs[j].known })
+            .collect();
+        return append_v2(client, &jobs[members[0]].queue, &segments).await;
+    }
     if let [j] = members {
         let job = &jobs[*j];
-        return Ok(vec![append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob, job.window).await?]);
+        return Ok(vec![plain(append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob).await?)]);
     }
     let queue = &jobs[members[0]].queue;
     let partitions: Vec<&str> = members.iter().map(|&j| jobs[j].partition.as_str()).collect();
@@ -245,8 +280,7 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
             hashes.push(h);
         }
     }
-    let sql = if members.iter().all(|&j| keeps_window(jobs[j].window)) { GROUP_WINDOW_SQL } else { GROUP_SQL };
-    let stmt = client.prepare_cached(sql).await?;
+    let stmt = client.prepare_cached(GROUP_SQL).await?;
     let rows = client.query(&stmt, &[queue, &partitions, &counts, &blobs, &seg, &pos, &hashes]).await?;
     let mut out: Vec<Option<SegmentWrite>> = members.iter().map(|_| None).collect();
     for row in &rows {
@@ -271,7 +305,6 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
         }
     }
     out.into_iter()
-        .map(|w| w.ok_or_else(|| DbError::Unexpected("push_segments_v1 left a segment unanswered".into())))
+        .map(|w| w.map(plain).ok_or_else(|| DbError::Unexpected("push_segments_v1 left a segment unanswered".into())))
         .collect()
 }
-

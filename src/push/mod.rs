@@ -4,6 +4,7 @@
 //! committed.
 
 pub mod coalescer;
+pub mod dedup;
 pub mod group;
 pub mod segment;
 pub mod spool;

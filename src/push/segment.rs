@@ -5,18 +5,37 @@
 //! It sits below both: the coalescer hands segments to the group committer,
 //! and both write through here, so the dependency runs one way
 //! (coalescer → group → segment) and neither reaches into the other.
+//!
+//! Two functions write segments: `queen.push_segment(s)_v1` for a queue
+//! known to keep no dedup window, and `queen.push_segments_v2` for any other
+//! (a window, or a queue not yet known), which checks what the broker's dedup
+//! memory does not cover and answers what it needs (`push::dedup`).
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::dedup::{Answer, Known, Segment};
 use crate::db::DbError;
-use crate::log::{compress_frames, decompress_frames, FrameReader, SEGMENT_LIMIT};
+use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 
-/// One segment, for any queue (`0002_push.sql`).
+/// One segment of a queue without a dedup window (`0002_push.sql`).
 pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
-/// The same for a queue known to keep a dedup window: push_segment_v1 only
-/// looks the queue up again and hands such a segment to push_segment_dedup_v1 (40 of
-/// its 180-200 µs a call at batch 1, docs/PERFORMANCE.md, stop 13).
-pub(super) const PUSH_WINDOW_SQL: &str = "SELECT * FROM queen.push_segment_dedup_v1($1, $2, $3, $4)";
+/// Segments of a queue with a dedup window, or whose window is not yet
+/// known, one per partition (`0019_dedup_in_segments.sql`).
+pub(super) const PUSH_V2_SQL: &str = "SELECT * FROM queen.push_segments_v2($1, $2, $3, $4, $5, $6, $7, $8)";
+/// The segment at or below each offset, for a duplicate's original id, and
+/// whether it is inside its queue's window now, by PostgreSQL's clock and
+/// the window as it is now.
+const ORIGINALS_SQL: &str = "
+    SELECT s.base_offset, s.end_offset, s.blob,
+           s.created_at > clock_timestamp() - make_interval(secs => q.dedup_window_seconds) AS inside
+    FROM unnest($2::bigint[]) WITH ORDINALITY AS o (off, n)
+    LEFT JOIN LATERAL (
+        SELECT base_offset, end_offset, created_at, blob FROM queen.segments
+        WHERE partition_id = $1 AND base_offset <= o.off ORDER BY base_offset DESC LIMIT 1) s ON true
+    LEFT JOIN queen.partitions p ON p.id = $1
+    LEFT JOIN queen.queues q ON q.id = p.queue_id
+    ORDER BY o.n";
 
 /// Why a push could not be committed. Nothing of the failed batch is written.
 #[derive(Debug, thiserror::Error)]
@@ -53,35 +72,17 @@ pub enum SegmentWrite {
     Duplicates { partition_id: i64, window: i32, dups: Vec<(usize, Uuid)> },
 }
 
-/// Compresses `frames` into one segment and appends it to (queue,
-/// partition) on `client`: one round trip. The caller owns the transaction:
-/// a transaction bundle commits it with its acks.
-pub async fn write_segment(
-    client: &impl deadpool_postgres::GenericClient,
-    queue: &str,
-    partition: &str,
-    hashes: &[i64],
-    frames: &[u8],
-    zstd_level: i32,
-) -> Result<SegmentWrite, DbError> {
-    append_segment(client, queue, partition, hashes, &compress_frames(frames, zstd_level), None).await
-}
-
-/// Appends one compressed segment with `queen.push_segment_v1`, or straight
-/// with `queen.push_segment_dedup_v1` when `window` (the queue's dedup window as
-/// last reported) says the queue keeps one. A stale `window` costs nothing
-/// but time: the dedup function serves any queue, and the plain one hands a
-/// queue with a window to it.
+/// Appends one compressed segment of a queue without a dedup window with
+/// `queen.push_segment_v1` (which hands a queue that has one to the dedup
+/// path, so a stale hint costs time, not exactness).
 pub(super) async fn append_segment(
     client: &impl deadpool_postgres::GenericClient,
     queue: &str,
     partition: &str,
     hashes: &[i64],
     blob: &[u8],
-    window: Option<i32>,
 ) -> Result<SegmentWrite, DbError> {
-    let sql = if keeps_window(window) { PUSH_WINDOW_SQL } else { PUSH_SQL };
-    let stmt = client.prepare_cached(sql).await?;
+    let stmt = client.prepare_cached(PUSH_SQL).await?;
     let rows = client.query(&stmt, &[&queue, &partition, &hashes, &blob]).await?;
     let first = rows.first().ok_or_else(|| DbError::Unexpected("the segment write returned no row".into()))?;
     let window: i32 = first.get("o_window");
@@ -94,9 +95,118 @@ pub(super) async fn append_segment(
     Ok(SegmentWrite::Duplicates { partition_id, window, dups })
 }
 
-/// Whether a queue's last reported dedup window says it keeps an index.
-pub(super) fn keeps_window(window: Option<i32>) -> bool {
-    window.is_some_and(|w| w > 0)
+/// One segment of a `queen.push_segments_v2` call.
+pub(super) struct SegmentV2<'a> {
+    pub partition: &'a str,
+    pub hashes: &'a [i64],
+    pub blob: &'a [u8],
+    /// What the broker's dedup memory covers of the partition.
+    pub known: Option<Known>,
+}
+
+/// What `queen.push_segments_v2` did with one segment, and what it tells
+/// the dedup memory.
+#[derive(Debug)]
+pub struct Appended {
+    pub write: SegmentWrite,
+    pub answer: Answer,
+    /// created_at of the segment written (µs since the epoch).
+    pub at_us: Option<i64>,
+}
+
+/// Appends segments of one queue, one per partition, with
+/// `queen.push_segments_v2`: one round trip. Each segment's outcome, in order.
+pub(super) async fn append_v2(
+    client: &impl deadpool_postgres::GenericClient,
+    queue: &str,
+    segments: &[SegmentV2<'_>],
+) -> Result<Vec<Appended>, DbError> {
+    let partitions: Vec<&str> = segments.iter().map(|s| s.partition).collect();
+    let counts: Vec<i32> = segments.iter().map(|s| s.hashes.len() as i32).collect();
+    let blobs: Vec<&[u8]> = segments.iter().map(|s| s.blob).collect();
+    let hashes: Vec<i64> = segments.iter().flat_map(|s| s.hashes.iter().copied()).collect();
+    let known_pid: Vec<Option<i64>> = segments.iter().map(|s| s.known.map(|k| k.pid)).collect();
+    let known: Vec<Option<i64>> = segments.iter().map(|s| s.known.map(|k| k.last)).collect();
+    let known_window: Vec<Option<i32>> = segments.iter().map(|s| s.known.map(|k| k.window)).collect();
+    let stmt = client.prepare_cached(PUSH_V2_SQL).await?;
+    let rows =
+        client.query(&stmt, &[&queue, &partitions, &counts, &blobs, &hashes, &known_pid, &known, &known_window]).await?;
+    // Per segment: what the memory learns, (base offset, created_at) if
+    // written, and the duplicates.
+    type Outcome = (Answer, Option<(i64, i64)>, Vec<(usize, Uuid)>);
+    let mut out: Vec<Outcome> = segments.iter().map(|_| (Answer::default(), None, Vec::new())).collect();
+    for row in &rows {
+        let s = usize::try_from(row.get::<_, i32>("o_seg") - 1)
+            .ok()
+            .filter(|s| *s < segments.len())
+            .ok_or_else(|| DbError::Unexpected("push_segments_v2 named a segment it was not given".into()))?;
+        let (answer, written, dups) = &mut out[s];
+        answer.pid = row.get("o_partition_id");
+        answer.window = row.get("o_window");
+        answer.prev = row.get("o_prev");
+        answer.log_start = row.get("o_log_start");
+        if let Some(base) = row.get::<_, Option<i64>>("o_seen_base") {
+            let at: DateTime<Utc> = row.get("o_seen_at");
+            let hashes: Vec<i64> = row.get("o_seen_hashes");
+            answer.seen.push(Segment { base, at_us: at.timestamp_micros(), hashes });
+        } else if let Some(index) = row.get::<_, Option<i32>>("o_dup_index") {
+            dups.push((index as usize, original_id(row)));
+        } else {
+            let at: DateTime<Utc> = row.get("o_created_at");
+            *written = Some((row.get("o_base_offset"), at.timestamp_micros()));
+        }
+    }
+    out.into_iter()
+        .zip(segments)
+        .map(|((answer, written, dups), seg)| {
+            let (partition_id, window) = (answer.pid, answer.window);
+            let (write, at_us) = match written {
+                Some((base_offset, at)) => {
+                    metrics::histogram!(crate::metrics::SEGMENT_MESSAGES).record(seg.hashes.len() as f64);
+                    (SegmentWrite::Written { partition_id, base_offset, window }, Some(at))
+                }
+                None if !dups.is_empty() => (SegmentWrite::Duplicates { partition_id, window, dups }, None),
+                None => return Err(DbError::Unexpected("push_segments_v2 left a segment unanswered".into())),
+            };
+            Ok(Appended { write, answer, at_us })
+        })
+        .collect()
+}
+
+/// The original message ids of the messages at `offsets` of partition
+/// `pid`, in order, for ids the dedup memory found: None where the message
+/// is no duplicate after all, because no segment holds the offset any more
+/// (retention removed it, or the partition is gone) or because it has left
+/// its queue's window by PostgreSQL's clock (the window may also have been
+/// shortened since the memory learned it). An id that does not decode is nil.
+pub(super) async fn originals(
+    client: &impl deadpool_postgres::GenericClient,
+    pid: i64,
+    offsets: &[i64],
+) -> Result<Vec<Option<Uuid>>, DbError> {
+    let stmt = client.prepare_cached(ORIGINALS_SQL).await?;
+    let rows = client.query(&stmt, &[&pid, &offsets]).await?;
+    Ok(rows
+        .iter()
+        .zip(offsets)
+        .map(|(row, &off)| {
+            let (base, end): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+            let (blob, inside): (Option<&[u8]>, Option<bool>) = (row.get(2), row.get(3));
+            match (base, end, blob, inside) {
+                (Some(base), Some(end), Some(blob), Some(true)) if off <= end => {
+                    Some(message_id_at(blob, off - base).unwrap_or_else(Uuid::nil))
+                }
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// Whether a queue's last reported dedup window says it keeps none: its
+/// segments then go through `queen.push_segment(s)_v1`, every other through
+/// `queen.push_segments_v2`.
+pub(super) fn keeps_no_window(window: Option<i32>) -> bool {
+    window == Some(0)
 }
 
 /// The message id of frame `index` of a stored segment.

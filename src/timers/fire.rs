@@ -3,7 +3,7 @@
 //! One tick is one PostgreSQL transaction: it locks up to a batch of due
 //! timers with `FOR UPDATE SKIP LOCKED` (so brokers firing at the same time
 //! take disjoint rows), pushes them through the transaction push path (the
-//! same `write_segment` a transaction bundle uses: frames, dedup, gap-free
+//! same `Coalescer::write_in` a transaction bundle uses: frames, dedup, gap-free
 //! offsets, envelopes for an encrypting queue), deletes them, and commits.
 //! A crash before the commit leaves every timer of the batch to fire again;
 //! after it, none is left. A timer whose `txn` is already in its partition
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 
 use crate::db::DbError;
-use crate::push::segment::{write_segment, SegmentWrite};
+use crate::push::segment::SegmentWrite;
 use crate::push::validate::PushItem;
 use crate::push::PushPlan;
 
@@ -88,7 +88,7 @@ pub async fn tick(
                     plan.frame(&items, idx).encode_into(&mut frames);
                 }
                 let hashes: Vec<i64> = leaders.iter().map(|&i| plan.hashes[i]).collect();
-                match write_segment(&tx, &g.queue, &g.partition, &hashes, &frames, coalescer.config().zstd_level).await? {
+                match coalescer.write_in(&tx, &g.queue, &g.partition, &hashes, &frames).await? {
                     SegmentWrite::Written { partition_id, .. } => {
                         pushed.push((g.queue.clone(), partition_id, g.partition.clone(), leaders.len() as u64));
                         break;
