@@ -17,8 +17,10 @@
 --     segments after what the broker knows are checked and sent back, so it
 --     catches up;
 --   * unknown (a broker's first write to the partition, a restart, a
---     partition re-created under the same name): every segment still inside
---     the window is checked and sent back.
+--     partition re-created under the same name, a window grown past what the
+--     broker kept, a memory ahead of the partition's tail because a failover
+--     lost writes): every segment still inside the window is checked and
+--     sent back.
 --
 -- Exactness therefore never rests on the broker's memory alone: what it does
 -- not know is checked here, under the same lock that serializes writers.
@@ -28,9 +30,13 @@
 -- back) until the dedup purge has removed them as they leave the window.
 
 ALTER TABLE queen.segments ADD COLUMN txn_hashes bigint[];
+-- Random 64-bit values never compress: no attempt, as for the blob.
+ALTER TABLE queen.segments ALTER COLUMN txn_hashes SET STORAGE EXTERNAL;
 
 -- Appends segments of one queue, one per partition (1 or more), and answers
--- what the broker's memory needs.
+-- what the broker's memory needs. The broker writes every segment through it
+-- except a lone segment of a queue known to keep no window
+-- (queen.push_segment_v1, cheaper for one).
 --
 -- Arguments, parallel to the segment list (1-based ordinals):
 --   p_partitions[s]  partition name (distinct)
@@ -149,7 +155,9 @@ BEGIN
         FOR s IN 1..v_n LOOP
             -- The broker's memory covers everything before this segment.
             CONTINUE WHEN p_known_pid[s] = v_pid[s] AND p_known[s] = v_base[s] - 1 AND p_known_window[s] >= v_window;
-            v_cold := p_known_pid[s] IS DISTINCT FROM v_pid[s] OR p_known[s] IS NULL
+            -- A memory past the partition's tail knows writes this database
+            -- never got (a failover lost them): it is checked as unknown.
+            v_cold := p_known_pid[s] IS DISTINCT FROM v_pid[s] OR p_known[s] IS NULL OR p_known[s] >= v_base[s]
                       OR p_known_window[s] IS NULL OR p_known_window[s] < v_window;
             v_lo := CASE WHEN v_cold THEN -1 ELSE p_known[s] END;
             v_since := v_at[s] - make_interval(secs => v_window);

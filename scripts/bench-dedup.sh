@@ -11,10 +11,12 @@ DURATION=${DURATION:-10}
 ROUNDS=${ROUNDS:-3}
 PARTITIONS=${PARTITIONS:-10}
 WINDOW=${WINDOW:-3600}
-# PRELOAD index entries spread over the window, written before the rounds
-# into the partitions of the queue the windowed client-id runs push to: the
-# index a long window holds in its steady state, which a 10 s run never
-# grows on its own.
+# PRELOAD transactionIds spread over the window, stored before the rounds as
+# segments of 100 hashes in the partitions of the queue the windowed
+# client-id runs push to: what a long window holds in its steady state, which
+# a 10 s run never grows on its own. (Their blobs are placeholders: nothing
+# pops them.) A fresh broker then pushes for 1 s and so learns them, as a
+# broker does once per partition.
 PRELOAD=${PRELOAD:-0}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 start_broker
@@ -24,13 +26,31 @@ QUEUE=bench.dedup.windowed
 ./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions "$PARTITIONS" --concurrency 8 --duration 1 \
     --dedup-window "$WINDOW" --queue "$QUEUE" > /dev/null
 if [ "$PRELOAD" -gt 0 ]; then
-    echo "== preloading $PRELOAD index entries over the last $WINDOW s"
-    "${PSQL[@]}" -c "INSERT INTO queen.txn_index (partition_id, txn_hash, msg_offset, created_at)
-        SELECT p.id, (random() * 9.2e18)::bigint * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END), -g,
-               now() - random() * make_interval(secs => $WINDOW)
-        FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id AND q.name = '$QUEUE'
-        CROSS JOIN generate_series(1, $PRELOAD / $PARTITIONS) g
-        ON CONFLICT DO NOTHING" -c "CHECKPOINT"
+    echo "== preloading $PRELOAD transactionIds over the last $WINDOW s"
+    # The warm-up's segments go first: created_at must rise with the offset.
+    "${PSQL[@]}" -c "
+        DELETE FROM queen.segments s USING queen.partitions p, queen.queues q
+        WHERE s.partition_id = p.id AND q.id = p.queue_id AND q.name = '$QUEUE'" -c "
+        UPDATE queen.partitions p SET last_offset = -1 FROM queen.queues q WHERE q.id = p.queue_id AND q.name = '$QUEUE'" -c "
+        WITH p AS (
+            SELECT p.id, p.last_offset, ($PRELOAD / $PARTITIONS / 100) AS segs
+            FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id AND q.name = '$QUEUE'
+        ), ins AS (
+            INSERT INTO queen.segments (partition_id, base_offset, end_offset, msg_count, created_at, blob, txn_hashes)
+            SELECT p.id, p.last_offset + 1 + k * 100, p.last_offset + k * 100 + 100, 100,
+                   now() - make_interval(secs => $WINDOW) + make_interval(secs => ($WINDOW - 60) * (k + 1)::float8 / p.segs),
+                   '\\x00',
+                   ARRAY(SELECT (random() * 9.2e18)::bigint * (CASE WHEN random() < 0.5 THEN -1 ELSE 1 END)
+                         FROM generate_series(1, 100) WHERE k >= 0)
+            FROM p CROSS JOIN generate_series(0, p.segs - 1) k
+            RETURNING 1)
+        UPDATE queen.partitions x SET last_offset = x.last_offset + p.segs * 100,
+                                      last_write_at = now()
+        FROM p WHERE x.id = p.id" -c "CHECKPOINT"
+    stop_broker # it remembers the warm-up's segments, which are gone
+    start_broker
+    ./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions "$PARTITIONS" --concurrency 8 --duration 1 \
+        --dedup-window "$WINDOW" --queue "$QUEUE" > /dev/null
 fi
 for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round: client-minted ids, window $WINDOW s"

@@ -41,6 +41,9 @@ pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";
 pub const POP_PERMITS: &str = "queen_pop_permit_limit";
 pub const HOTLIST_READY: &str = "queen_hotlist_ready_partitions";
+/// TransactionIds the broker holds in memory for the dedup windows of the
+/// partitions it writes (`push::dedup`).
+pub const DEDUP_MEMORY: &str = "queen_dedup_memory_entries";
 /// Queue wake-gate openings, by `how`: `push` (the first push to a queue in a
 /// 5 ms tick opens its gate at once) or `tick` (the later ones, coalesced).
 pub const WAKE_OPENS: &str = "queen_wake_gate_opens_total";
@@ -172,7 +175,13 @@ impl Telemetry {
     }
 
     /// The Prometheus text exposition, with the gauges read now.
-    pub fn prometheus_text(&self, pool: &deadpool_postgres::Pool, hotlist_ready: usize, pop_permits: usize) -> String {
+    pub fn prometheus_text(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        hotlist_ready: usize,
+        pop_permits: usize,
+        dedup_entries: usize,
+    ) -> String {
         let s = pool.status();
         metrics::gauge!(POOL_CONNECTIONS, "state" => "in_use").set((s.size - s.available) as f64);
         metrics::gauge!(POOL_CONNECTIONS, "state" => "idle").set(s.available as f64);
@@ -180,6 +189,7 @@ impl Telemetry {
         metrics::gauge!(PARKED).set(self.parked.load(Ordering::Relaxed) as f64);
         metrics::gauge!(HOTLIST_READY).set(hotlist_ready as f64);
         metrics::gauge!(POP_PERMITS).set(pop_permits as f64);
+        metrics::gauge!(DEDUP_MEMORY).set(dedup_entries as f64);
         self.prometheus.render()
     }
 }

@@ -54,6 +54,7 @@ async fn both_metric_endpoints_report_real_traffic() {
         "queen_parked_long_polls",
         "queen_hotlist_ready_partitions",
         "queen_pop_permit_limit",
+        "queen_dedup_memory_entries",
     ] {
         assert!(scrape.samples.iter().any(|s| s.metric.starts_with(family)), "{family} missing from\n{text}");
     }

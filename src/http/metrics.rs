@@ -62,6 +62,11 @@ pub async fn json(State(state): State<AppState>) -> Json<Value> {
 }
 
 pub async fn prometheus(State(state): State<AppState>) -> Response {
-    let text = state.telemetry.prometheus_text(&state.pool, state.pop.hotlist_ready(), state.pop.permit_limit());
+    let text = state.telemetry.prometheus_text(
+        &state.pool,
+        state.pop.hotlist_ready(),
+        state.pop.permit_limit(),
+        state.coalescer.dedup().entries(),
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -185,8 +185,8 @@ impl Coalescer {
         let dedup = &self.inner.dedup;
         let check = window.map(|w| dedup.check(queue, partition, w, hashes)).unwrap_or_default();
         if let (Some(known), false) = (check.known, check.dups.is_empty()) {
-            let offsets: Vec<i64> = check.dups.iter().map(|d| d.1).collect();
-            let ids = originals(client, known.pid, &offsets).await?;
+            let candidates: Vec<(i64, i64)> = check.dups.iter().map(|&(i, off)| (off, hashes[i])).collect();
+            let ids = originals(client, known.pid, &candidates).await?;
             let dups: Vec<(usize, Uuid)> = check.dups.iter().zip(ids).filter_map(|(d, id)| id.map(|id| (d.0, id))).collect();
             if !dups.is_empty() {
                 return Ok(SegmentWrite::Duplicates { partition_id: known.pid, window: window.unwrap_or(1), dups });
@@ -421,8 +421,8 @@ impl Inner {
             let check = window.filter(|w| *w > 0).map(|w| self.dedup.check(&key.0, &key.1, w, &hashes)).unwrap_or_default();
             let known = check.known;
             if let (Some(known), false) = (known, check.dups.is_empty()) {
-                let offsets: Vec<i64> = check.dups.iter().map(|d| d.1).collect();
-                let ids = self.group.originals(known.pid, &offsets).await.map_err(|e| Arc::new(PushError::Db(e)))?;
+                let candidates: Vec<(i64, i64)> = check.dups.iter().map(|&(i, off)| (off, hashes[i])).collect();
+                let ids = self.group.originals(known.pid, &candidates).await.map_err(|e| Arc::new(PushError::Db(e)))?;
                 let mut dropped = vec![false; survivors.len()];
                 // An original whose segment is gone (retention) leaves the id new.
                 for (&(n, _), message_id) in check.dups.iter().zip(ids) {

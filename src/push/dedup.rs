@@ -32,18 +32,25 @@
 //! PostgreSQL: a write names the window its memory keeps, and a smaller one
 //! is checked as if unknown.
 //!
-//! Memory is bounded by `QUEEN_DEDUP_MEMORY_ENTRIES`: past it the partitions
-//! written least recently are forgotten, and checked in PostgreSQL again on
-//! their next write.
+//! Memory follows the partitions being written: about 40 bytes per id inside
+//! the window (rate × window). Past `QUEEN_DEDUP_MEMORY_ENTRIES` the
+//! partitions not written for a minute are forgotten, least recent first, and
+//! are checked against their whole window in PostgreSQL on their next write.
+//! Partitions written within the minute are never forgotten, even past the
+//! cap: forgetting a partition still being written would cost a scan of its
+//! window on every write (docs/OPERATIONS.md says how to size the cap).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// How long past its window (µs) the memory keeps a hash: it dates hashes
 /// on an estimate of the database's clock, off by a write's latency or a
 /// step of this host's clock.
 const EDGE_US: i64 = 5_000_000;
+/// A partition written this recently is never forgotten to make room.
+const ACTIVE: Duration = Duration::from_secs(60);
 
 /// What a write may tell PostgreSQL the broker already knows of a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,8 +111,8 @@ struct Window {
     segments: BTreeMap<i64, (i64, usize)>,
     /// Entries of `hashes` known to be below `floor`.
     stale: usize,
-    /// Last use, on the cache's clock (for eviction).
-    used: u64,
+    /// Last use (for eviction).
+    used: Option<Instant>,
 }
 
 impl Window {
@@ -164,7 +171,11 @@ pub struct DedupCache {
     cap: usize,
     /// The database's clock minus this broker's, µs, from the last write.
     skew_us: AtomicI64,
-    tick: AtomicU64,
+    started: Instant,
+    /// When the memory last found itself over the cap with nothing idle to
+    /// forget (ms since `started`, 0: never), so it does not look again on
+    /// every write.
+    full_since: AtomicU64,
 }
 
 fn now_us() -> i64 {
@@ -180,13 +191,18 @@ impl DedupCache {
             entries: AtomicUsize::new(0),
             cap: cap.max(1),
             skew_us: AtomicI64::new(0),
-            tick: AtomicU64::new(0),
+            started: Instant::now(),
+            full_since: AtomicU64::new(0),
         }
     }
 
     /// Hashes held now (the `queen_dedup_memory_entries` gauge).
     pub fn entries(&self) -> usize {
         self.entries.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64 + 1
     }
 
     /// The database's clock as this broker estimates it, µs.
@@ -209,7 +225,7 @@ impl DedupCache {
     pub fn check(&self, queue: &str, partition: &str, window: i32, hashes: &[i64]) -> Check {
         let Some(w) = self.window_of(queue, partition) else { return Check::default() };
         let mut w = w.lock().expect("dedup window lock poisoned");
-        w.used = self.tick.fetch_add(1, Ordering::Relaxed);
+        w.used = Some(Instant::now());
         let before = w.hashes.len();
         let cutoff = self.db_now_us() - i64::from(window) * 1_000_000 - EDGE_US;
         w.expire(cutoff);
@@ -249,12 +265,19 @@ impl DedupCache {
             // A new entry, or the partition was removed and created again.
             *w = Window { pid: answer.pid, ..Window::default() };
         }
-        w.used = self.tick.fetch_add(1, Ordering::Relaxed);
+        w.used = Some(Instant::now());
         // PostgreSQL checked the whole window when the write claimed
         // nothing of this partition; otherwise the segments it sent extend
         // what the memory covered only if the memory still covers what the
         // write claimed.
-        let whole = based_on.is_none_or(|k| k.pid != answer.pid || k.window < answer.window);
+        // A claim past the partition's tail means the database lost writes
+        // the memory saw (a failover to a standby that lagged): PostgreSQL
+        // checked the whole window, and the memory starts over from it.
+        let regressed = based_on.is_some_and(|k| k.pid == answer.pid && k.last > answer.prev);
+        if regressed {
+            *w = Window { pid: answer.pid, ..Window::default() };
+        }
+        let whole = regressed || based_on.is_none_or(|k| k.pid != answer.pid || k.window < answer.window);
         let contiguous = whole || based_on.is_some_and(|k| w.known.is_some_and(|last| last >= k.last));
         if whole {
             w.horizon = answer.window;
@@ -283,25 +306,32 @@ impl DedupCache {
         }
     }
 
-    /// Forgets the partitions written least recently until a quarter of the
-    /// cap is free. The partition just written goes last.
+    /// Forgets partitions not written for `ACTIVE`, least recent first,
+    /// until a quarter of the cap is free or none is left to forget.
     fn evict(&self, queue: &str, partition: &str) {
+        let now = self.now_ms();
+        let full = self.full_since.load(Ordering::Relaxed);
+        if full != 0 && now - full < 1_000 {
+            return; // looked less than a second ago and found nothing to forget
+        }
         let mut parts = self.parts.lock().expect("dedup map lock poisoned");
-        let mut order: Vec<((String, String), u64, usize)> = parts
+        // (key, idle for, entries): the most idle first, this partition last.
+        let mut order: Vec<((String, String), Duration, usize)> = parts
             .iter()
             .map(|(k, w)| {
                 let w = w.lock().expect("dedup window lock poisoned");
                 let mine = k.0 == queue && k.1 == partition;
-                (k.clone(), if mine { u64::MAX } else { w.used }, w.hashes.len())
+                let idle = if mine { Duration::ZERO } else { w.used.map_or(Duration::MAX, |u| u.elapsed()) };
+                (k.clone(), idle, w.hashes.len())
             })
             .collect();
-        order.sort_by_key(|o| o.1);
+        order.sort_by_key(|o| std::cmp::Reverse(o.1));
         let target = self.cap - self.cap / 4;
         // Counted afresh: a write may still hold a window forgotten earlier.
         let mut total: usize = order.iter().map(|o| o.2).sum();
         let mut forgotten = 0;
-        for (key, _, n) in order {
-            if total <= target {
+        for (key, idle, n) in order {
+            if total <= target || idle < ACTIVE {
                 break;
             }
             parts.remove(&key);
@@ -309,9 +339,14 @@ impl DedupCache {
             forgotten += 1;
         }
         self.entries.store(total, Ordering::Relaxed);
+        self.full_since.store(if total > self.cap { now } else { 0 }, Ordering::Relaxed);
         static EVICTING: crate::telemetry::Throttle = crate::telemetry::Throttle::new(60_000);
         if let Some(skipped) = EVICTING.admit() {
-            tracing::info!(forgotten, skipped, cap = self.cap, "dedup memory full: forgot the partitions written least recently (QUEEN_DEDUP_MEMORY_ENTRIES)");
+            if total > self.cap {
+                tracing::warn!(entries = total, cap = self.cap, forgotten, skipped, "dedup memory over QUEEN_DEDUP_MEMORY_ENTRIES with every partition in it written within a minute: kept, since forgetting one would cost a scan of its window per write");
+            } else {
+                tracing::info!(forgotten, skipped, cap = self.cap, "dedup memory full: forgot the partitions written least recently (QUEEN_DEDUP_MEMORY_ENTRIES)");
+            }
         }
     }
 }
@@ -362,6 +397,18 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_ahead_of_the_database_starts_over() {
+        let c = DedupCache::new(1000);
+        c.absorb("q", "p", None, &answer(7, -1, vec![]), Some(&seg(0, &[1, 2, 3, 4])));
+        // A failover lost offsets 2 and 3: the new primary's tail is 1.
+        let k = Known { pid: 7, last: 3, window: 3600 };
+        c.absorb("q", "p", Some(k), &answer(7, 1, vec![seg(0, &[1, 2])]), Some(&seg(2, &[9])));
+        let got = c.check("q", "p", 3600, &[1, 3, 9]);
+        assert_eq!(got.known, Some(Known { pid: 7, last: 2, window: 3600 }));
+        assert_eq!(got.dups, vec![(0, 0), (2, 2)], "the lost id 3 is forgotten");
+    }
+
+    #[test]
     fn a_recreated_partition_starts_over() {
         let c = DedupCache::new(1000);
         c.absorb("q", "p", None, &answer(7, -1, vec![]), Some(&seg(0, &[1, 2])));
@@ -404,15 +451,36 @@ mod tests {
         assert_eq!(c.check("q", "p", 3600, &[]).known, Some(Known { pid: 7, last: 3, window: 3600 }));
     }
 
+    /// Makes partition `p` look last written `ago` ago.
+    fn backdate(c: &DedupCache, p: &str, ago: Duration) {
+        let w = c.window_of("q", p).unwrap();
+        let mut w = w.lock().unwrap();
+        w.used = Instant::now().checked_sub(ago);
+    }
+
+    fn fill(c: &DedupCache, p: i64) {
+        let hashes: Vec<i64> = (0..300).map(|h| h + p * 1000).collect();
+        c.absorb("q", &p.to_string(), None, &answer(p, -1, vec![]), Some(&seg(0, &hashes)));
+    }
+
     #[test]
-    fn a_full_memory_forgets_the_least_recently_written_partitions() {
+    fn a_full_memory_forgets_idle_partitions_least_recent_first_and_never_active_ones() {
         let c = DedupCache::new(1000);
-        for p in 0..5 {
-            let hashes: Vec<i64> = (0..300).map(|h| h + p * 1000).collect();
-            c.absorb("q", &p.to_string(), None, &answer(p, -1, vec![]), Some(&seg(0, &hashes)));
+        for p in 0..3 {
+            fill(&c, p);
         }
-        assert!(c.entries() <= 1000, "{}", c.entries());
+        // Every partition is active: the memory goes over its cap rather
+        // than forget one still being written.
+        fill(&c, 3);
+        assert_eq!(c.entries(), 1200);
+        assert_eq!(c.check("q", "0", 3600, &[0]).dups, vec![(0, 0)]);
+        backdate(&c, "0", Duration::from_secs(120));
+        backdate(&c, "1", Duration::from_secs(90));
+        c.full_since.store(0, Ordering::Relaxed); // as if a second had passed
+        fill(&c, 4);
+        assert_eq!(c.entries(), 900, "the two idle ones, least recent first, until a quarter is free");
         assert_eq!(c.check("q", "0", 3600, &[0]), Check::default());
+        assert_eq!(c.check("q", "1", 3600, &[1000]), Check::default());
         assert_eq!(c.check("q", "4", 3600, &[4000]).dups, vec![(0, 0)]);
     }
 

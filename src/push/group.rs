@@ -9,7 +9,7 @@
 //! themselves; they hand their compressed segment to this committer, which
 //! keeps at most `writers` group writes in flight. While those run, segments
 //! of other lanes pile up, and the next group write takes them all: one call
-//! of `queen.push_segments_v1` per queue in one transaction. Like the lanes,
+//! of `queen.push_segments_v2` per queue in one transaction. Like the lanes,
 //! this batches exactly what load produces and never waits on a timer: an
 //! idle broker's segment goes out at once.
 //!
@@ -25,26 +25,20 @@ use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::oneshot;
 
 use super::dedup::{Answer, Known};
-use super::segment::{
-    append_segment, append_v2, keeps_no_window, original_id, Appended, PushError, SegmentV2, SegmentWrite, PUSH_SQL,
-    PUSH_V2_SQL,
-};
+use super::segment::{append_segment, append_v2, keeps_no_window, Appended, PushError, SegmentV2, PUSH_SQL, PUSH_V2_SQL};
 use crate::db::DbError;
 
 /// Most segments one group write carries.
 const MAX_SEGMENTS: usize = 256;
 /// Most compressed bytes one group write carries.
 const MAX_BYTES: usize = 8 << 20;
-/// Fewest segments of one queue worth a `push_segments_v1` call: its
-/// set-based statements cost PostgreSQL more than `push_segment_v1` for one
-/// segment and break even near two (pgbench, docs/PERFORMANCE.md), so smaller
-/// sets go as single calls inside the group's transaction.
+/// Fewest segments of a queue without a dedup window worth one
+/// `push_segments_v2` call: its set-based statements cost PostgreSQL more
+/// than `push_segment_v1` for one segment and break even near two (pgbench,
+/// docs/PERFORMANCE.md), so smaller sets go as single calls inside the
+/// group's transaction. A queue with a window (or not yet known) is one v2
+/// call however few its segments.
 const MULTI_MIN: usize = 3;
-
-/// Several segments of a queue known to keep no dedup window. A queue with
-/// one (or not yet known) goes through `segment::PUSH_V2_SQL`, one call for
-/// all its segments however few.
-const GROUP_SQL: &str = "SELECT * FROM queen.push_segments_v1($1, $2, $3, $4, $5, $6, $7)";
 
 type Reply = oneshot::Sender<Result<Appended, Arc<PushError>>>;
 
@@ -122,10 +116,10 @@ impl GroupCommitter {
         rx.await.unwrap_or_else(|_| Err(Arc::new(PushError::Lost)))
     }
 
-    /// The original message ids at `offsets` of partition `pid` (see
+    /// The original message ids of dedup candidates (offset, hash) of partition `pid` (see
     /// `segment::originals`).
-    pub async fn originals(&self, pid: i64, offsets: &[i64]) -> Result<Vec<Option<uuid::Uuid>>, DbError> {
-        super::segment::originals(&self.inner.pool.get().await?, pid, offsets).await
+    pub async fn originals(&self, pid: i64, candidates: &[(i64, i64)]) -> Result<Vec<Option<uuid::Uuid>>, DbError> {
+        super::segment::originals(&self.inner.pool.get().await?, pid, candidates).await
     }
 }
 
@@ -169,7 +163,7 @@ impl Inner {
             by_queue.entry(&job.queue).or_default().push(j);
         }
         // A queue with a dedup window (or not yet known) is one v2 call
-        // however few its segments; one without batches from MULTI_MIN.
+        // however few its segments; one without from MULTI_MIN.
         let calls: Vec<Vec<usize>> = by_queue
             .into_values()
             .flat_map(|mut v| {
@@ -238,7 +232,7 @@ async fn write_in_transaction(
 ) -> Result<Vec<Vec<Appended>>, DbError> {
     // Statements are prepared (cached) first, so that each call below sends
     // its query on first poll, in order, between BEGIN and COMMIT.
-    for sql in [GROUP_SQL, PUSH_SQL, PUSH_V2_SQL] {
+    for sql in [PUSH_SQL, PUSH_V2_SQL] {
         client.prepare_cached(sql).await?;
     }
     let begin = client.batch_execute("BEGIN");
@@ -252,59 +246,19 @@ async fn write_in_transaction(
     Ok(results)
 }
 
-/// One call for `members` (indexes into `jobs`, all of one queue and one
-/// kind, see `write_group`): each member's outcome, in `members` order.
+/// One call for `members` (indexes into `jobs`, all of one queue, see
+/// `write_group`): each member's outcome, in `members` order.
 async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> Result<Vec<Appended>, DbError> {
-    let plain = |write| Appended { write, answer: Answer::default(), at_us: None };
-    if !keeps_no_window(jobs[members[0]].window) {
-        let segments: Vec<SegmentV2> = members
-            .iter()
-            .map(|&j| SegmentV2 { partition: &jobs[j].partition, hashes: &jobs[j].hashes, blob: &jobs[j].blob, known: jobs[j].known })
-            .collect();
-        return append_v2(client, &jobs[members[0]].queue, &segments).await;
-    }
     if let [j] = members {
         let job = &jobs[*j];
-        return Ok(vec![plain(append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob).await?)]);
-    }
-    let queue = &jobs[members[0]].queue;
-    let partitions: Vec<&str> = members.iter().map(|&j| jobs[j].partition.as_str()).collect();
-    let counts: Vec<i32> = members.iter().map(|&j| jobs[j].hashes.len() as i32).collect();
-    let blobs: Vec<&[u8]> = members.iter().map(|&j| jobs[j].blob.as_slice()).collect();
-    let total: usize = members.iter().map(|&j| jobs[j].hashes.len()).sum();
-    let (mut seg, mut pos, mut hashes) = (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
-    for (s, &j) in members.iter().enumerate() {
-        for (p, &h) in jobs[j].hashes.iter().enumerate() {
-            seg.push(s as i32 + 1);
-            pos.push(p as i32);
-            hashes.push(h);
+        if keeps_no_window(job.window) {
+            let write = append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob).await?;
+            return Ok(vec![Appended { write, answer: Answer::default(), at_us: None }]);
         }
     }
-    let stmt = client.prepare_cached(GROUP_SQL).await?;
-    let rows = client.query(&stmt, &[queue, &partitions, &counts, &blobs, &seg, &pos, &hashes]).await?;
-    let mut out: Vec<Option<SegmentWrite>> = members.iter().map(|_| None).collect();
-    for row in &rows {
-        let s = usize::try_from(row.get::<_, i32>("o_seg") - 1)
-            .ok()
-            .filter(|s| *s < members.len())
-            .ok_or_else(|| DbError::Unexpected("push_segments_v1 named a segment it was not given".into()))?;
-        let window: i32 = row.get("o_window");
-        let partition_id: i64 = row.get("o_partition_id");
-        match row.get::<_, Option<i32>>("o_dup_index") {
-            None => {
-                metrics::histogram!(crate::metrics::SEGMENT_MESSAGES).record(jobs[members[s]].hashes.len() as f64);
-                out[s] = Some(SegmentWrite::Written { partition_id, base_offset: row.get("o_base_offset"), window });
-            }
-            Some(index) => {
-                let dup = (index as usize, original_id(row));
-                match &mut out[s] {
-                    Some(SegmentWrite::Duplicates { dups, .. }) => dups.push(dup),
-                    slot => *slot = Some(SegmentWrite::Duplicates { partition_id, window, dups: vec![dup] }),
-                }
-            }
-        }
-    }
-    out.into_iter()
-        .map(|w| w.map(plain).ok_or_else(|| DbError::Unexpected("push_segments_v1 left a segment unanswered".into())))
-        .collect()
+    let segments: Vec<SegmentV2> = members
+        .iter()
+        .map(|&j| SegmentV2 { partition: &jobs[j].partition, hashes: &jobs[j].hashes, blob: &jobs[j].blob, known: jobs[j].known })
+        .collect();
+    append_v2(client, &jobs[members[0]].queue, &segments).await
 }

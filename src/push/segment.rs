@@ -173,28 +173,32 @@ pub(super) async fn append_v2(
         .collect()
 }
 
-/// The original message ids of the messages at `offsets` of partition
-/// `pid`, in order, for ids the dedup memory found: None where the message
-/// is no duplicate after all, because no segment holds the offset any more
-/// (retention removed it, or the partition is gone) or because it has left
-/// its queue's window by PostgreSQL's clock (the window may also have been
-/// shortened since the memory learned it). An id that does not decode is nil.
+/// The original message ids of the dedup memory's candidates, (offset,
+/// hash) in partition `pid`, in order: None where the message is no
+/// duplicate after all, because the message at that offset no longer
+/// carries that id (retention removed it, the partition is gone, or a
+/// failover lost it and the offset was written again) or because it has
+/// left its queue's window by PostgreSQL's clock (the window may also have
+/// been shortened since the memory learned it).
 pub(super) async fn originals(
     client: &impl deadpool_postgres::GenericClient,
     pid: i64,
-    offsets: &[i64],
+    candidates: &[(i64, i64)],
 ) -> Result<Vec<Option<Uuid>>, DbError> {
+    let offsets: Vec<i64> = candidates.iter().map(|c| c.0).collect();
     let stmt = client.prepare_cached(ORIGINALS_SQL).await?;
     let rows = client.query(&stmt, &[&pid, &offsets]).await?;
     Ok(rows
         .iter()
-        .zip(offsets)
-        .map(|(row, &off)| {
+        .zip(candidates)
+        .map(|(row, &(off, hash))| {
             let (base, end): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
             let (blob, inside): (Option<&[u8]>, Option<bool>) = (row.get(2), row.get(3));
             match (base, end, blob, inside) {
                 (Some(base), Some(end), Some(blob), Some(true)) if off <= end => {
-                    Some(message_id_at(blob, off - base).unwrap_or_else(Uuid::nil))
+                    let frames = decompress_frames(blob, SEGMENT_LIMIT).ok()?;
+                    let frame = FrameReader::new(&frames).nth(usize::try_from(off - base).ok()?)?.ok()?;
+                    (crate::push::coalescer::txn_hash(frame.transaction_id) == hash).then_some(frame.message_id)
                 }
                 _ => None,
             }
