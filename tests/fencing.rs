@@ -17,11 +17,33 @@ const INVALID: &str = "invalid or expired lease";
 /// Pushes `txns` to `queue`/p and pops them as one leased batch of `group`
 /// (`None`: queue mode): (lease, partitionId).
 async fn leased(b: &Broker, queue: &str, group: Option<&str>, txns: &[&str], extra: &str) -> (String, String) {
+    pop_leased(b, queue, "p", "", group, txns, extra).await
+}
+
+/// Pushes `txns` to `queue`/`partition` and pops them as one leased batch:
+/// from that partition's route when `partition` is non-empty, else from the
+/// whole queue (its `Default` partition).
+async fn leased_in(b: &Broker, queue: &str, partition: &str, group: Option<&str>, txns: &[&str]) -> (String, String) {
+    match partition {
+        "" => pop_leased(b, queue, "Default", "", group, txns, "").await,
+        p => pop_leased(b, queue, p, &format!("/partition/{p}"), group, txns, "").await,
+    }
+}
+
+async fn pop_leased(
+    b: &Broker,
+    queue: &str,
+    partition: &str,
+    route: &str,
+    group: Option<&str>,
+    txns: &[&str],
+    extra: &str,
+) -> (String, String) {
     let items: Vec<Value> =
-        txns.iter().map(|t| json!({"queue": queue, "partition": "p", "payload": {"t": t}, "transactionId": t})).collect();
+        txns.iter().map(|t| json!({"queue": queue, "partition": partition, "payload": {"t": t}, "transactionId": t})).collect();
     assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
     let g = group.map(|g| format!("&consumerGroup={g}")).unwrap_or_default();
-    let r = b.pop(&format!("/api/v1/pop/queue/{queue}?batch={}{g}{extra}", txns.len())).await;
+    let r = b.pop(&format!("/api/v1/pop/queue/{queue}{route}?batch={}{g}{extra}", txns.len())).await;
     let body = r.body.unwrap_or_else(|| panic!("a batch of {queue}: {}", r.status));
     assert_eq!(body["messages"].as_array().unwrap().len(), txns.len(), "{body}");
     (body["leaseId"].as_str().unwrap().to_string(), body["partitionId"].as_str().unwrap().to_string())
@@ -248,30 +270,108 @@ async fn a_transaction_acking_with_a_lease_that_is_not_live_rolls_back_even_belo
     assert_eq!(committed(&b, &pid, Some("g")).await, Some(0));
 }
 
+/// The older clients' `transaction().ack(m1).ack(m2).commit()` (issue 44
+/// §1): acks of messages popped from two partitions, or two queues, sent
+/// without their own `leaseId` beside a `requiredLeases` naming both. A lease
+/// holds exactly one (partition, group), so each ack's partition names its
+/// lease among the required ones: the bundle commits, in the JavaScript
+/// client's camelCase and the pre-2.x Python client's snake_case, in a group
+/// and in queue mode, for pops of a named partition and of the whole queue.
 #[tokio::test]
-async fn a_transaction_whose_acks_name_several_leases_but_not_their_own_is_refused_whole() {
+async fn acks_of_several_partitions_without_their_own_lease_resolve_each_by_its_partition() {
     let b = Broker::start().await;
-    let (l1, p1) = leased(&b, "a", Some("g"), &["x"], "").await;
-    let (l2, p2) = leased(&b, "b", Some("g"), &["y"], "").await;
+    let cases = [
+        ("two partitions of one queue, named", "multi", "p1", "multi", "p2", Some("g")),
+        ("two queues, whole-queue pops", "qa", "", "qb", "", Some("g")),
+        ("two partitions in queue mode", "qm", "p1", "qm", "p2", None),
+    ];
+    for (n, (how, qa, pa, qb, pb, group)) in cases.into_iter().enumerate() {
+        for snake in [false, true] {
+            let (x, y) = (format!("x-{n}-{snake}"), format!("y-{n}-{snake}"));
+            let (l1, p1) = leased_in(&b, qa, pa, group, &[&x]).await;
+            let (l2, p2) = leased_in(&b, qb, pb, group, &[&y]).await;
+            assert_ne!(p1, p2, "{how}");
+            let ack = |txn: &str, pid: &str| {
+                let mut op = if snake {
+                    json!({"type": "ack", "transaction_id": txn, "partition_id": pid, "status": "completed"})
+                } else {
+                    json!({"type": "ack", "transactionId": txn, "partitionId": pid, "status": "completed"})
+                };
+                if let Some(g) = group {
+                    op[if snake { "consumer_group" } else { "consumerGroup" }] = json!(g);
+                }
+                op
+            };
+            let out = format!("out-{n}-{snake}");
+            let push = if snake {
+                json!({"type": "push", "items": [{"queue": "out", "payload": 1, "transaction_id": out}]})
+            } else {
+                json!({"type": "push", "items": [{"queue": "out", "partition": "r", "payload": 1, "transactionId": out}]})
+            };
+            let leases_key = if snake { "required_leases" } else { "requiredLeases" };
+            let before = out_segments(&b).await;
+            let body = json!({"operations": [ack(&x, &p1), ack(&y, &p2), push], leases_key: [l1, l2]});
+            let (status, body) = b.post("/api/v1/transaction", body).await;
+            assert_eq!((status, body["success"].as_bool()), (200, Some(true)), "{how} snake={snake}: {body}");
+            let results = body["results"].as_array().unwrap();
+            assert_eq!(results.len(), 3, "{body}");
+            assert_eq!((results[0]["transactionId"].as_str(), results[1]["transactionId"].as_str()), (Some(&*x), Some(&*y)));
+            assert_eq!(
+                (committed(&b, &p1, group).await, committed(&b, &p2, group).await),
+                (Some(snake as i64), Some(snake as i64)),
+                "{how} snake={snake}: each ack committed its own partition (the second round's message is at offset 1)"
+            );
+            assert_eq!(out_segments(&b).await, before + 1, "{how}: the output is pushed");
+            // Each batch was acknowledged whole: both leases are released.
+            for pid in [&p1, &p2] {
+                let row = b.cursor(pid, group_name(group)).await;
+                assert_eq!(row.1, None, "{how}: the lease on {pid} is released");
+            }
+        }
+    }
+}
+
+/// Per-ack fencing stays: when one of the required leases is no longer live
+/// on its partition (another consumer took that batch over), the ack that
+/// partition resolves to is refused and the bundle rolls back whole, the live
+/// partition's cursor included.
+#[tokio::test]
+async fn acks_of_several_partitions_roll_back_whole_when_one_partitions_lease_is_not_live() {
+    let b = Broker::start().await;
+    let (l1, p1) = leased_in(&b, "fx", "p1", Some("g"), &["x"]).await;
+    let (zombie_lease, pz) = zombie(&b).await;
     let ops = json!([
-        {"type": "ack", "transactionId": "x", "partitionId": p1, "status": "completed", "consumerGroup": "g", "leaseId": l1},
-        {"type": "ack", "transactionId": "y", "partitionId": p2, "status": "completed", "consumerGroup": "g"},
+        {"type": "ack", "transactionId": "x", "partitionId": p1, "status": "completed", "consumerGroup": "g"},
+        {"type": "ack", "transactionId": "job-1", "partitionId": pz, "status": "completed", "consumerGroup": "g"},
         {"type": "push", "items": [{"queue": "out", "payload": 1}]}
     ]);
-    let (status, body) = b.post("/api/v1/transaction", json!({"operations": ops, "requiredLeases": [l1, l2]})).await;
-    assert_eq!(status, 400, "{body}");
-    assert_eq!(body["success"], false);
+    let (status, body) = b.post("/api/v1/transaction", json!({"operations": ops, "requiredLeases": [l1, zombie_lease]})).await;
+    assert_eq!((status, body["success"].as_bool()), (200, Some(false)), "{body}");
+    assert_eq!(body["results"], json!([]));
     let error = body["error"].as_str().unwrap();
-    assert!(error.starts_with("operations[1].leaseId:") && error.contains("ambiguous"), "{error}");
-    assert_eq!((committed(&b, &p1, Some("g")).await, committed(&b, &p2, Some("g")).await), (Some(-1), Some(-1)));
+    assert!(error.contains("rolled back: operations[1]") && error.contains("\"job-1\"") && error.contains(INVALID), "{error}");
+    assert_eq!(committed(&b, &p1, Some("g")).await, Some(-1), "the live partition's ack rolled back too");
+    assert_eq!(b.cursor(&p1, "g").await.1.as_deref(), Some(&*l1), "and its lease is still held");
     assert_eq!(out_segments(&b).await, 0);
-    // Each ack naming its own lease, the same bundle commits.
-    let mut ops = ops;
-    ops[1]["leaseId"] = json!(l2);
-    let (status, body) = b.post("/api/v1/transaction", json!({"operations": ops, "requiredLeases": [l1, l2]})).await;
+    // A lease that holds no partition at all (never issued) is no cover either.
+    let ops = json!([
+        {"type": "ack", "transactionId": "x", "partitionId": p1, "status": "completed", "consumerGroup": "g"},
+        {"type": "ack", "transactionId": "job-1", "partitionId": pz, "status": "completed", "consumerGroup": "g"}
+    ]);
+    let (_, body) = b.post("/api/v1/transaction", json!({"operations": ops, "requiredLeases": [l1, "never-issued"]})).await;
+    assert_eq!(body["success"], false, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("operations[1]"), "{body}");
+    assert_eq!(committed(&b, &p1, Some("g")).await, Some(-1));
+    // With its own live lease beside them, each ack commits.
+    let (status, body) = b
+        .post(
+            "/api/v1/transaction",
+            json!({"operations": [{"type": "ack", "transactionId": "x", "partitionId": p1, "status": "completed", "consumerGroup": "g", "leaseId": l1}],
+                   "requiredLeases": [l1, zombie_lease]}),
+        )
+        .await;
     assert_eq!((status, body["success"].as_bool()), (200, Some(true)), "{body}");
-    assert_eq!((committed(&b, &p1, Some("g")).await, committed(&b, &p2, Some("g")).await), (Some(0), Some(0)));
-    assert_eq!(out_segments(&b).await, 1);
+    assert_eq!(committed(&b, &p1, Some("g")).await, Some(0));
 }
 
 #[tokio::test]

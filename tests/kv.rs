@@ -29,7 +29,7 @@ async fn reads_and_writes_answer_their_verdicts_with_versions_that_only_grow() {
     let g = one(&b, json!({"op": "get", "ns": "app", "key": "cfg"})).await;
     assert_eq!((g["found"].clone(), g["value"].clone(), g["version"].clone()), (json!(true), json!({"mode": "a"}), json!(v1)));
     assert!(g["updatedAt"].as_str().unwrap().ends_with('Z'));
-    assert_eq!(one(&b, json!({"op": "get", "ns": "app", "key": "nope"})).await, json!({"found": false, "key": "nope"}));
+    assert_eq!(one(&b, json!({"op": "get", "ns": "app", "key": "nope"})).await, json!({"index": 0, "found": false, "key": "nope"}));
 
     // A fenced write: the right version applies, a stale one does not and
     // answers the current value and version.
@@ -331,4 +331,70 @@ async fn supervised_consumers_are_listed_from_what_they_publish() {
     assert_eq!(c["pools"][0]["queue"], "orders");
     let (_, one) = b.get("/api/v1/consumers?group=other-app").await;
     assert_eq!((one["total"].clone(), one["consumers"][0]["instanceId"].clone()), (json!(1), json!("i2")));
+}
+
+/// Issue 44 §4: a conditional put that expects a version of a key that does
+/// not exist creates nothing and answers `absent` at version 0 (not null),
+/// in a batch, through the per-key route, and as a lost `required` verdict;
+/// a delete of an absent key answers version 0 too.
+#[tokio::test]
+async fn expect_on_an_absent_key_creates_nothing_and_answers_version_0() {
+    let b = Broker::start().await;
+    let r = one(&b, json!({"op": "put", "ns": "saga", "key": "order-7", "value": "refund", "forever": true, "expect": 5})).await;
+    assert_eq!((r["applied"].clone(), r["reason"].clone(), r["version"].clone()), (json!(false), json!("absent"), json!(0)), "{r}");
+    assert_eq!(r["value"], Value::Null);
+    let put = b.http.put(format!("{}/api/v1/kv/saga/order-7", b.url)).json(&json!({"value": "refund", "forever": true, "expect": 3})).send().await.unwrap();
+    assert_eq!(put.status(), 200);
+    let r: Value = put.json().await.unwrap();
+    assert_eq!((r["applied"].clone(), r["reason"].clone(), r["version"].clone()), (json!(false), json!("absent"), json!(0)), "{r}");
+    let (status, r) = b
+        .post("/api/v1/kv", json!({"operations": [{"op": "put", "ns": "saga", "key": "order-7", "value": "refund", "forever": true,
+                                                    "expect": 9, "required": true}]}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!((r["success"].clone(), r["kvReason"].clone(), r["version"].clone()), (json!(false), json!("absent"), json!(0)), "{r}");
+    assert_eq!(one(&b, json!({"op": "get", "ns": "saga", "key": "order-7"})).await["found"], false, "nothing was created");
+    let d = one(&b, json!({"op": "delete", "ns": "saga", "key": "order-7"})).await;
+    assert_eq!((d["applied"].clone(), d["reason"].clone(), d["version"].clone()), (json!(false), json!("absent"), json!(0)), "{d}");
+    let c = one(&b, json!({"op": "check", "ns": "saga", "key": "order-7", "expect": 4})).await;
+    assert_eq!((c["applied"].clone(), c["reason"].clone(), c["version"].clone()), (json!(false), json!("absent"), json!(0)), "{c}");
+}
+
+/// Issue 44 §4: a batch answers one result per operation in request order,
+/// each carrying its `index`, whatever the operations' kinds; a rolled-back
+/// call's results keep theirs.
+#[tokio::test]
+async fn a_batch_answers_each_operation_in_request_order_with_its_index() {
+    let b = Broker::start().await;
+    let ops = json!([
+        {"op": "put", "ns": "ix", "key": "a", "value": 1, "forever": true},
+        {"op": "get", "ns": "ix", "key": "a"},
+        {"op": "incr", "ns": "ix", "key": "n", "forever": true},
+        {"op": "getMany", "ns": "ix", "keys": ["a", "zz"]},
+        {"op": "putIfAbsent", "ns": "ix", "key": "a", "value": 2, "forever": true},
+        {"op": "getPrefix", "ns": "ix", "prefix": "a"},
+        {"op": "delete", "ns": "ix", "key": "n"},
+        {"op": "check", "ns": "ix", "key": "n", "expect": 0}
+    ]);
+    let r = kv(&b, ops).await;
+    assert_eq!(r["success"], true, "{r}");
+    let results = r["results"].as_array().unwrap();
+    assert_eq!(results.len(), 8);
+    for (i, x) in results.iter().enumerate() {
+        assert_eq!(x["index"], json!(i), "{x}");
+    }
+    assert_eq!((results[0]["applied"].clone(), results[1]["found"].clone()), (json!(true), json!(true)));
+    assert_eq!(results[2]["value"], json!(1));
+    assert_eq!(results[3]["missing"], json!(["zz"]));
+    assert_eq!(results[4]["reason"], "exists");
+    assert_eq!(results[5]["rows"].as_array().unwrap().len(), 1);
+    assert_eq!((results[6]["applied"].clone(), results[7]["applied"].clone()), (json!(true), json!(true)));
+    let (_, lost) = b
+        .post("/api/v1/kv", json!({"operations": [
+            {"op": "put", "ns": "ix", "key": "b", "value": 1, "forever": true},
+            {"op": "check", "ns": "ix", "key": "a", "expect": 0, "required": true},
+            {"op": "put", "ns": "ix", "key": "c", "value": 1, "forever": true}]}))
+        .await;
+    let indexes: Vec<Value> = lost["results"].as_array().unwrap().iter().map(|x| x["index"].clone()).collect();
+    assert_eq!(indexes, [json!(0), json!(1), json!(2)], "{lost}");
 }

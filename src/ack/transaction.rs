@@ -193,14 +193,6 @@ pub async fn run(
     required.retain(|l| !l.is_empty());
     required.sort_unstable();
     required.dedup();
-    if required.len() > 1 {
-        if let Some(i) = ops.iter().position(|o| matches!(o, Op::Ack(_, false))) {
-            return Err(TxnError::BadRequest(format!(
-                "operations[{i}].leaseId: required when requiredLeases names several leases ({}): the ack's lease is ambiguous",
-                required.len()
-            )));
-        }
-    }
     let any_lease = !required.is_empty() || ops.iter().any(|o| matches!(o, Op::Ack(_, true)));
     let transaction_id = Uuid::now_v7().to_string();
     let rolled_back = |error: String| Committed {
@@ -234,7 +226,20 @@ pub async fn run(
             }
             Op::Ack(mut item, own) => {
                 if !own {
-                    item.lease_id = resolve_lease(&tx, &item, any_lease, &required).await?;
+                    match resolve_lease(&tx, &item, any_lease, &required).await? {
+                        Resolved::Lease(lease) => item.lease_id = lease,
+                        Resolved::Uncovered => {
+                            tx.rollback().await?;
+                            return Ok(rolled_back(format!(
+                                "QTXN transaction rolled back: operations[{op_index}] ack of {:?} on partition {} refused: \
+                                 invalid or expired lease (none of the {} requiredLeases holds this partition for group {})",
+                                item.transaction_id,
+                                item.partition_id,
+                                required.len(),
+                                item.group
+                            )));
+                        }
+                    }
                 }
                 let (outcomes, rel) = acks.ack_on(&tx, std::slice::from_ref(&item), Fence::Always).await?;
                 let o = &outcomes[0];
@@ -357,16 +362,30 @@ pub async fn push_in(
     Ok(Ok(Written { results, pushed }))
 }
 
-/// An ack without its own lease (API.md §2.4): the partition's current holder
-/// when the bundle names any lease, else the single required lease, else
-/// lease-less. Several required leases never get here: `run` refuses such a
-/// bundle as ambiguous.
+/// Which lease fences an ack sent without its own.
+enum Resolved {
+    /// This lease (`None`: the bundle names no lease, the ack is lease-less).
+    Lease(Option<String>),
+    /// `requiredLeases` names several leases and none of them holds the
+    /// ack's partition: the ack is refused, as a lease that is not live.
+    Uncovered,
+}
+
+/// An ack without its own lease (API.md §2.4, issue 44 §1): the partition's
+/// current holder when the bundle names any lease (and, with
+/// `requiredLeases`, when it is one of them); else the single required
+/// lease, which the ack then proves or fails; else lease-less. A lease holds
+/// exactly one (partition, group), so with several required leases the ack's
+/// partition names its own among them, and one that none of them holds is
+/// [`Resolved::Uncovered`]. Two leases holding one partition cannot happen:
+/// the cursor row has one `worker_id`. The lookup takes no lock: the ack
+/// itself checks the lease under the cursor row's lock.
 async fn resolve_lease(
     tx: &deadpool_postgres::Transaction<'_>,
     item: &AckItem,
     any_lease: bool,
     required: &[String],
-) -> Result<Option<String>, TxnError> {
+) -> Result<Resolved, TxnError> {
     if any_lease {
         if let Ok(pid) = item.partition_id.parse::<i64>() {
             let holder = tx
@@ -377,12 +396,13 @@ async fn resolve_lease(
                 .await?
                 .and_then(|r| r.get::<_, Option<String>>(0));
             if let Some(h) = holder.filter(|h| required.is_empty() || required.contains(h)) {
-                return Ok(Some(h));
+                return Ok(Resolved::Lease(Some(h)));
             }
         }
     }
     Ok(match required {
-        [only] => Some(only.clone()),
-        _ => None,
+        [] => Resolved::Lease(None),
+        [only] => Resolved::Lease(Some(only.clone())),
+        _ => Resolved::Uncovered,
     })
 }

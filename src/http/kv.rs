@@ -89,7 +89,12 @@ pub async fn batch(State(state): State<AppState>, headers: HeaderMap, raw: axum:
 async fn single(state: &AppState, op: Value) -> Result<Value, Response> {
     let ops = kv::parse(&json!([op]), "operations", &state.config.kv.limits).map_err(refused)?;
     let mut outcome = kv::run_call(&state.pool, &ops, &state.config.kv.limits).await.map_err(unavailable)?;
-    Ok(outcome.results.remove(0))
+    // A per-key route answers its one row; a batch position means nothing there.
+    let mut result = outcome.results.remove(0);
+    if let Some(m) = result.as_object_mut() {
+        m.remove("index");
+    }
+    Ok(result)
 }
 
 /// `GET /api/v1/kv/{ns}/{key…}`: the row, or `404 {found: false}`.

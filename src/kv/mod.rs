@@ -58,7 +58,8 @@ pub async fn run_call(pool: &Pool, operations: &[Op], limits: &KvLimits) -> Resu
 pub async fn run<C: GenericClient>(client: &C, operations: &[Op], limits: &KvLimits) -> Result<Outcome, DbError> {
     let mut results = Vec::with_capacity(operations.len());
     for (i, op) in operations.iter().enumerate() {
-        let result = apply(client, op, limits).await?;
+        let mut result = apply(client, op, limits).await?;
+        result["index"] = json!(i);
         let lost = op.is_required() && result.get("applied") == Some(&Value::Bool(false));
         results.push(result);
         if lost {
@@ -69,15 +70,15 @@ pub async fn run<C: GenericClient>(client: &C, operations: &[Op], limits: &KvLim
 }
 
 /// The results of a call stopped at `failed`: writes before it were
-/// undone, operations after it never ran.
+/// undone, operations after it never ran. Each keeps its `index`.
 fn rolled_back(mut results: Vec<Value>, operations: &[Op], failed: usize) -> Vec<Value> {
-    for (r, op) in results.iter_mut().zip(operations).take(failed) {
+    for (i, (r, op)) in results.iter_mut().zip(operations).take(failed).enumerate() {
         if op.is_write() && r.get("applied") == Some(&Value::Bool(true)) {
-            *r = json!({"applied": false, "reason": "rolled_back", "key": r["key"]});
+            *r = json!({"index": i, "applied": false, "reason": "rolled_back", "key": r["key"]});
         }
     }
-    for op in &operations[failed + 1..] {
-        results.push(json!({"applied": false, "reason": "not_run", "key": op.key()}));
+    for (i, op) in operations.iter().enumerate().skip(failed + 1) {
+        results.push(json!({"index": i, "applied": false, "reason": "not_run", "key": op.key()}));
     }
     results
 }
@@ -121,7 +122,10 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
         }
         m.insert("key".into(), json!(key));
         m.insert("value".into(), value_of(r.get(2)));
-        m.insert("version".into(), json!(r.get::<_, Option<i64>>(3)));
+        // A key that does not exist (after the operation, or when a refused
+        // one found it absent) is at version 0, the `expect` that means
+        // "must not exist" (issue 44 §4): never null.
+        m.insert("version".into(), json!(r.get::<_, Option<i64>>(3).unwrap_or(0)));
         m.insert("expiresAt".into(), time(r.get(4)));
         m.insert("updatedAt".into(), time(r.get(5)));
         Value::Object(m)

@@ -423,19 +423,9 @@ impl Inner {
             if let (Some(known), false) = (known, check.dups.is_empty()) {
                 let candidates: Vec<(i64, i64)> = check.dups.iter().map(|&(i, off)| (off, hashes[i])).collect();
                 let ids = self.group.originals(known.pid, &candidates).await.map_err(|e| Arc::new(PushError::Db(e)))?;
-                let mut dropped = vec![false; survivors.len()];
-                // An original whose segment is gone (retention) leaves the id new.
-                for (&(n, _), message_id) in check.dups.iter().zip(ids) {
-                    let Some(message_id) = message_id else { continue };
-                    let (e, i) = survivors[n];
-                    outcomes[e][i] = Some(Outcome::Duplicate { message_id, partition_id: known.pid });
-                    dropped[n] = true;
-                }
-                let mut n = 0;
-                survivors.retain(|_| {
-                    n += 1;
-                    !dropped[n - 1]
-                });
+                // A candidate PostgreSQL does not confirm is a new message.
+                let confirmed = check.dups.iter().zip(ids).filter_map(|(&(n, _), id)| id.map(|id| (n, id)));
+                settle_duplicates(&mut survivors, &mut outcomes, confirmed, known.pid);
                 if survivors.is_empty() {
                     break;
                 }
@@ -488,17 +478,7 @@ impl Inner {
                 }
                 SegmentWrite::Duplicates { partition_id, window, dups } => {
                     window_seen = window;
-                    let mut dropped = vec![false; survivors.len()];
-                    for (n, message_id) in dups {
-                        let (e, i) = survivors[n];
-                        outcomes[e][i] = Some(Outcome::Duplicate { message_id, partition_id });
-                        dropped[n] = true;
-                    }
-                    let mut n = 0;
-                    survivors.retain(|_| {
-                        n += 1;
-                        !dropped[n - 1]
-                    });
+                    settle_duplicates(&mut survivors, &mut outcomes, dups, partition_id);
                 }
             }
         }
@@ -512,3 +492,23 @@ impl Inner {
     }
 }
 
+/// Answers the survivors at `dups` (index into `survivors`, original id) as
+/// duplicates of `partition_id` and drops them from the batch.
+fn settle_duplicates(
+    survivors: &mut Vec<(usize, usize)>,
+    outcomes: &mut [Vec<Option<Outcome>>],
+    dups: impl IntoIterator<Item = (usize, Uuid)>,
+    partition_id: i64,
+) {
+    let mut dropped = vec![false; survivors.len()];
+    for (n, message_id) in dups {
+        let (e, i) = survivors[n];
+        outcomes[e][i] = Some(Outcome::Duplicate { message_id, partition_id });
+        dropped[n] = true;
+    }
+    let mut n = 0;
+    survivors.retain(|_| {
+        n += 1;
+        !dropped[n - 1]
+    });
+}
