@@ -130,3 +130,30 @@ async fn bad_lock_calls_are_refused_with_the_envelope() {
     assert_eq!(r.len(), 3, "one result per operation, in order");
     assert_eq!((r[0]["held"].clone(), r[1]["acquired"].clone(), r[2]["held"].clone()), (json!(false), json!(true), json!(true)));
 }
+
+/// Issue 44 §4: an acquire sent again by the owner that holds the permit (a
+/// retry after a lost reply, racing the original) answers success with
+/// `already: true` and the same token, for a lock and for a semaphore: never
+/// a second permit, never a refusal.
+#[tokio::test]
+async fn an_owners_concurrent_retries_get_its_one_permit_back() {
+    let b = Broker::start().await;
+    for (round, limit) in [1, 3, 1, 3, 1, 3, 1, 3].into_iter().enumerate() {
+        let name = format!("retry-{round}");
+        let calls = (0..6).map(|_| {
+            let b = &b;
+            let name = name.clone();
+            async move { one(b, json!({"op": "acquire", "name": name, "ttlSeconds": 30, "owner": "worker-1", "limit": limit})).await }
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        for a in &answers {
+            assert_eq!(a["acquired"], true, "limit {limit}: {a}");
+        }
+        let tokens: std::collections::BTreeSet<i64> = answers.iter().map(|a| a["token"].as_i64().unwrap()).collect();
+        let slots: std::collections::BTreeSet<i64> = answers.iter().map(|a| a["slot"].as_i64().unwrap()).collect();
+        assert_eq!((tokens.len(), slots.len()), (1, 1), "limit {limit}: one permit, one token: {answers:?}");
+        assert_eq!(answers.iter().filter(|a| a.get("already").is_none()).count(), 1, "one took it, the rest were retries: {answers:?}");
+        let held = one(&b, json!({"op": "get", "name": name})).await;
+        assert_eq!(held["holders"].as_array().unwrap().len(), 1, "{held}");
+    }
+}
