@@ -182,3 +182,29 @@ async fn bad_timer_calls_are_400_and_the_kill_switch_stops_scheduling_but_not_ca
     let cancel = b.http.delete(format!("{}/api/v1/timers/q/keep", b.url)).send().await.unwrap().json::<Value>().await.unwrap();
     assert_eq!(cancel["status"], "cancelled", "a cancel is never switched off");
 }
+
+/// Issue 44 §4: one timer key may appear at most once per call. A batch that
+/// names the same (queue, timerKey) twice, scheduled twice or scheduled and
+/// cancelled, is a 400 `timers_bad_request` naming the key and both
+/// positions, and nothing of it is applied; so is such a transaction rider.
+/// The same key in two queues is two timers.
+#[tokio::test]
+async fn a_timer_key_twice_in_one_call_is_refused_whole() {
+    let b = Broker::start().await;
+    timers(&b, json!([schedule("q", "existing", json!(0), 60_000, "t0")])).await;
+    for second in [schedule("q", "order:1", json!(2), 60_000, "t2"), json!({"op": "cancel", "queue": "q", "timerKey": "order:1"})] {
+        let ops = json!([schedule("q", "fresh", json!(0), 60_000, "f"), json!({"op": "cancel", "queue": "q", "timerKey": "existing"}),
+                         schedule("q", "order:1", json!(1), 60_000, "t1"), second]);
+        let (status, r) = b.post("/api/v1/timers", json!({ "operations": ops })).await;
+        assert_eq!((status, r["error"].clone()), (400, json!("timers_bad_request")), "{r}");
+        let detail = r["detail"].as_str().unwrap();
+        assert!(detail.starts_with("operations[3].timerKey:") && detail.contains("\"order:1\"") && detail.contains("operations[2]"), "{detail}");
+        let keys: Vec<String> = b.sql().await.query("SELECT timer_key FROM queen.timers ORDER BY 1", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        assert_eq!(keys, ["existing"], "nothing of the call was applied, the cancel included");
+        let (status, r) = b.post("/api/v1/transaction", json!({"operations": [], "timers": ops})).await;
+        assert_eq!(status, 400, "{r}");
+        assert!(r["error"].as_str().unwrap().contains("\"order:1\""), "{r}");
+    }
+    let both = timers(&b, json!([schedule("q", "same", json!(1), 60_000, "a"), schedule("other", "same", json!(1), 60_000, "b")])).await;
+    assert_eq!(both.iter().map(|r| r["status"].clone()).collect::<Vec<_>>(), [json!("scheduled"), json!("scheduled")]);
+}

@@ -35,11 +35,16 @@ pub async fn batch(State(state): State<AppState>, principal: Option<axum::Extens
         Err(detail) => return bad(detail),
     };
     let producer = principal.and_then(|p| p.0.sub);
-    let client = match state.pool.get().await {
-        Ok(c) => c,
-        Err(e) => return unavailable(e.into()),
+    // One transaction: a call is applied whole or not at all, also when the
+    // database fails half-way through it.
+    let applied = async {
+        let mut client = state.pool.get().await?;
+        let tx = client.transaction().await?;
+        let results = timers::run(&tx, &ops, producer.as_deref()).await?;
+        tx.commit().await?;
+        Ok::<_, crate::db::DbError>(results)
     };
-    match timers::run(&client, &ops, producer.as_deref()).await {
+    match applied.await {
         Ok(results) => Json(json!({"results": results})).into_response(),
         Err(e) => unavailable(e),
     }

@@ -52,7 +52,28 @@ pub fn parse(operations: &Value, at: &str) -> Result<Vec<TimerOp>, String> {
     if list.len() > MAX_OPS {
         return Err(format!("{at}: at most {MAX_OPS} operations per call, got {}", list.len()));
     }
-    list.iter().enumerate().map(|(i, op)| parse_one(op, &format!("{at}[{i}]"))).collect()
+    let ops: Vec<TimerOp> = list.iter().enumerate().map(|(i, op)| parse_one(op, &format!("{at}[{i}]"))).collect::<Result<_, _>>()?;
+    // A key is one timer: two operations on it in one call would leave its
+    // fate to their order, so such a call is refused before anything runs.
+    let mut seen = std::collections::HashMap::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        if let Some(first) = seen.insert(op.identity(), i) {
+            let (queue, key) = op.identity();
+            return Err(format!(
+                "{at}[{i}].timerKey: {key:?} of queue {queue:?} appears twice in one call (first at {at}[{first}]); one operation per timer key"
+            ));
+        }
+    }
+    Ok(ops)
+}
+
+impl TimerOp {
+    /// (queue, timerKey): what names a timer.
+    fn identity(&self) -> (&str, &str) {
+        match self {
+            TimerOp::Schedule { queue, key, .. } | TimerOp::Cancel { queue, key, .. } => (queue, key),
+        }
+    }
 }
 
 fn parse_one(op: &Value, at: &str) -> Result<TimerOp, String> {
