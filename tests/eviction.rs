@@ -132,3 +132,42 @@ async fn killing_the_broker_mid_eviction_loses_nothing_and_doubles_nothing() {
     let want: Vec<(String, i64, i64, i64, i64)> = partitions.iter().map(|p| (p.to_string(), 500, 0, 499, 499)).collect();
     assert_eq!(got, want, "each partition: offsets 0..=499 once each, and the cursor past the last");
 }
+
+/// Issue 44 §2: a queue with maxWaitTimeSeconds whose partitions nobody has
+/// popped evicts its overdue messages too, for the queue-mode consumer,
+/// which then finds them gone; a group that arrives later with
+/// `subscriptionMode=all` still reads them (they were not evicted for it).
+/// A queue without a limit gets no cursor.
+#[tokio::test]
+async fn overdue_messages_nobody_has_read_are_dead_lettered_for_the_queue_mode_consumer() {
+    let b = evicting_broker().await;
+    b.post("/api/v1/configure", json!({"queue": "unread", "options": {"maxWaitTimeSeconds": 1}})).await;
+    for p in ["a", "b"] {
+        let items: Vec<Value> = (0..3).map(|i| json!({"queue": "unread", "partition": p, "transactionId": format!("{p}{i}"), "payload": i})).collect();
+        assert_eq!(b.post("/api/v1/push", json!({"items": items})).await.0, 201);
+    }
+    b.push_to("no-limit", "p", &[json!(0)]).await;
+    eventually("six unread messages to be evicted", Duration::from_secs(10), || async {
+        dead_letters(&b, "__QUEUE_MODE__").await.len() == 6
+    })
+    .await;
+    let txns: std::collections::BTreeSet<String> = dead_letters(&b, "__QUEUE_MODE__").await.into_iter().map(|(_, t, e)| {
+        assert_eq!(e, "max_wait_time");
+        t
+    }).collect();
+    assert_eq!(txns.len(), 6, "each once: {txns:?}");
+    assert_eq!(b.pop("/api/v1/pop/queue/unread?batch=10&wait=false").await.status, 204, "the queue-mode consumer finds them gone");
+    let late = b.pop("/api/v1/pop/queue/unread?consumerGroup=late&subscriptionMode=all&batch=10&autoAck=true").await;
+    assert_eq!(late.messages().len(), 3, "a later group reads the backlog it was not evicted for");
+    let cursors: i64 = b
+        .sql()
+        .await
+        .query_one("SELECT count(*) FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'no-limit'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(cursors, 0, "a queue without a limit is left alone");
+    // What comes after the eviction is delivered to the queue-mode consumer.
+    b.push_to("unread", "a", &[json!("fresh")]).await;
+    assert_eq!(b.pop("/api/v1/pop/queue/unread?batch=10&autoAck=true").await.data(), vec![json!("fresh")]);
+}

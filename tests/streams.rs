@@ -40,7 +40,9 @@ async fn a_query_registers_once_per_name_and_a_new_hash_needs_a_reset() {
     assert_eq!((again["fresh"].clone(), again["query_id"].clone()), (json!(false), json!(id)), "the id is stable for the name");
     let (status, other) = register(&b, "totals", "h2", false).await;
     assert_eq!((status, other["success"].clone()), (409, json!(false)));
-    assert!(other["error"].as_str().unwrap().contains("h1"), "{other}");
+    // The clients match on "config_hash mismatch" (issue 44 §3); both hashes are named.
+    let error = other["error"].as_str().unwrap();
+    assert!(error.starts_with("config_hash mismatch") && error.contains("\"h1\"") && error.contains("\"h2\""), "{other}");
 
     // Some progress: a cursor and a state row.
     b.push_to("src", "p", &[json!(1), json!(2)]).await;

@@ -54,6 +54,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(18, "0018_cluster_switches.sql"),
     migration!(19, "0019_dedup_in_segments.sql"),
     migration!(20, "0020_lock_retries.sql"),
+    migration!(21, "0021_eviction_without_cursor.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -39,7 +39,10 @@ pub async fn register(State(state): State<AppState>, headers: HeaderMap, raw: ax
     match streams::register(&state.pool, &r.name, &r.source, r.sink.as_deref(), &r.hash, r.reset).await? {
         Registered::Conflict { stored_hash } => Ok(refused(
             StatusCode::CONFLICT,
-            format!("query {:?} is registered with config_hash {stored_hash:?}, not {:?}: pass reset to start it over", r.name, r.hash),
+            format!(
+                "config_hash mismatch: query {:?} is registered with config_hash {stored_hash:?}, this registration has {:?}; pass reset to start it over",
+                r.name, r.hash
+            ),
         )),
         Registered::Ok { id, fresh, reset } => {
             if reset {

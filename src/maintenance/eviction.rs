@@ -12,6 +12,11 @@
 //! lease is never passed, an ack racing the eviction wins or loses whole, and
 //! two brokers evicting at once dead-letter each message once.
 //!
+//! A partition no consumer has read behaves as one whose queue-mode cursor
+//! stands at the start of its log (`queen.eviction_seed_v1` writes that
+//! cursor first), so its overdue messages are dead-lettered for the
+//! queue-mode consumer too (issue 44 §2).
+//!
 //! Age is a segment's: every message of a segment shares its `created_at`
 //! (docs/DECISIONS.md "maxWaitTimeSeconds"). Encrypted payloads are copied
 //! as their envelopes, so eviction needs no key. Work per tick is bounded by
@@ -30,6 +35,12 @@ const CANDIDATES: i32 = 256;
 /// spent (more may be due).
 pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
     let client = pool.get().await?;
+    // Partitions nobody has read get the queue-mode consumer's cursor first,
+    // so that their overdue messages are candidates in this same tick.
+    let seeded: i32 = client.query_one("SELECT queen.eviction_seed_v1($1)", &[&CANDIDATES]).await?.get(0);
+    if seeded > 0 {
+        tracing::debug!(partitions = seeded, "queue-mode cursors seeded for eviction on partitions nobody has read");
+    }
     let candidates = client.query("SELECT * FROM queen.eviction_candidates_v1($1)", &[&CANDIDATES]).await?;
     let mut left = batch;
     for c in &candidates {
