@@ -364,10 +364,11 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
     assert!(groups < grouped, "{groups} group commits for {grouped} segments: no group carried two");
 }
 
-/// `queen.push_segments_dedup_v1` keeps push_segment_dedup_v1's duplicate rule per
+/// `queen.push_segments_with_memory_v1` applies the duplicate rule per
 /// segment: a segment holding a frame already in its partition's window is
-/// refused whole (offsets given back, no index entries), its neighbours in
-/// the same call are written.
+/// refused whole (offsets given back, no hashes kept), its neighbours in the
+/// same call are written. Called as a broker that knows nothing of the
+/// partitions (every segment in the window is checked).
 #[tokio::test]
 async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     let b = Broker::start().await;
@@ -393,15 +394,16 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     let blobs = vec![blob(&["a1", "a2"]), blob(&["b1", "dup"]), blob(&["c1"])];
     let rows = sql
         .query(
-            "SELECT o_seg, o_base_offset, o_dup_index, o_seg_blob FROM queen.push_segments_dedup_v1('grp', $1, $2, $3, $4, $5, $6)
-             ORDER BY o_seg, o_dup_index",
+            "SELECT o_seg, o_base_offset, o_dup_index, o_seg_blob FROM queen.push_segments_with_memory_v1('grp', $1, $2, $3, $4, $5, $6, $7)
+             WHERE o_seen_base IS NULL ORDER BY o_seg, o_dup_index",
             &[
                 &vec!["a", "b", "c"],
                 &vec![2i32, 2, 1],
                 &blobs,
-                &vec![1i32, 1, 2, 2, 3],
-                &vec![0i32, 1, 0, 1, 0],
                 &vec![11i64, 12, 21, dup, 31],
+                &vec![None::<i64>; 3],
+                &vec![None::<i64>; 3],
+                &vec![None::<i32>; 3],
             ],
         )
         .await
@@ -438,8 +440,16 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
 
     let twice = sql
         .query(
-            "SELECT * FROM queen.push_segments_dedup_v1('grp', $1, $2, $3, $4, $5, $6)",
-            &[&vec!["a", "a"], &vec![1i32, 1], &vec![blob(&["x"]), blob(&["y"])], &vec![1i32, 2], &vec![0i32, 0], &vec![91i64, 92]],
+            "SELECT * FROM queen.push_segments_with_memory_v1('grp', $1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &vec!["a", "a"],
+                &vec![1i32, 1],
+                &vec![blob(&["x"]), blob(&["y"])],
+                &vec![91i64, 92],
+                &vec![None::<i64>; 2],
+                &vec![None::<i64>; 2],
+                &vec![None::<i32>; 2],
+            ],
         )
         .await
         .unwrap_err();
@@ -550,9 +560,10 @@ async fn unknown_api_routes_answer_json_404() {
 }
 
 /// A queue with a dedup window (or one not yet known) is written through
-/// `push_segments_v2`, and a duplicate the broker remembers is answered
-/// without a write; once the broker knows a queue keeps no window, its
-/// segments go to `push_segment_v1`, which keeps no hashes. What is known
+/// `push_segments_with_memory_v1`, and a duplicate the broker remembers is
+/// answered without a write; once the broker knows a queue keeps no window,
+/// its segments go to `push_segment_without_window_v1`, which keeps no
+/// hashes. The previous version's names are wrappers nothing here calls. What is known
 /// outlives the partition's lane (each push here finds its lane gone).
 #[tokio::test]
 async fn each_queue_is_written_through_the_function_its_window_calls_for() {
@@ -590,9 +601,9 @@ async fn each_queue_is_written_through_the_function_its_window_calls_for() {
     assert_eq!(hashed, vec![("dd".to_string(), 4), ("w0".to_string(), 0)], "only a queue with a window stores hashes");
     drop(sql);
     let calls = common::calls_after_exit(&mut b).await;
-    assert_eq!(calls("push_segments_v2"), 5, "dd's four writes and w0's first (its window not yet known)");
-    assert_eq!(calls("push_segment_v1"), 3, "w0's writes once its window is known");
-    assert_eq!(calls("push_segment_dedup_v1"), 0);
+    assert_eq!(calls("push_segments_with_memory_v1"), 5, "dd's four writes and w0's first (its window not yet known)");
+    assert_eq!(calls("push_segment_without_window_v1"), 3, "w0's writes once its window is known");
+    assert_eq!((calls("push_segments_v2"), calls("push_segment_v1")), (0, 0), "the wrappers are the previous version's");
 }
 
 /// The ids of a push answer by transactionId: (status, messageId).
@@ -697,4 +708,47 @@ async fn ids_a_failover_lost_are_new_again_and_their_offsets_mean_the_new_messag
     assert_eq!(push("kept").await.0, "duplicate");
     let stored: Vec<String> = stored_messages(&b.sql().await, "lag", "p").await.into_iter().map(|m| m.transaction_id).collect();
     assert_eq!(stored, ["kept", "other", "lost"]);
+}
+
+/// A broker of the previous version, during a rolling upgrade, still calls
+/// `queen.push_segments_v2` and `queen.push_segment_v1` (issue 44 §5): both
+/// are wrappers of the renamed functions, with their answers' shapes, and a
+/// duplicate through the wrapper is still refused.
+#[tokio::test]
+async fn the_previous_versions_push_functions_still_write_through_their_wrappers() {
+    let b = Broker::start().await;
+    assert_eq!(b.post("/api/v1/configure", json!({"queue": "plain", "options": {"dedupWindowSeconds": 0}})).await.0, 200);
+    b.push_to("windowed", "p", &[json!("first")]).await;
+    let sql = b.sql().await;
+    let blob = |txn: &str| {
+        let mut raw = Vec::new();
+        queen::log::Frame { message_id: uuid::Uuid::now_v7(), trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: b"7" }
+            .encode_into(&mut raw);
+        queen::log::compress_frames(&raw, 3)
+    };
+    let one = sql
+        .query_one("SELECT o_base_offset, o_window FROM queen.push_segment_v1('plain', 'p', $1, $2)", &[&vec![0i64], &blob("old-1")])
+        .await
+        .unwrap();
+    assert_eq!((one.get::<_, Option<i64>>(0), one.get::<_, Option<i32>>(1)), (Some(0), Some(0)));
+    let h = queen::push::coalescer::txn_hash("old-2");
+    let rows = sql
+        .query(
+            "SELECT o_seg, o_base_offset, o_dup_index FROM queen.push_segments_v2('windowed', $1, $2, $3, $4, $5, $6, $7) WHERE o_seen_base IS NULL",
+            &[&vec!["p"], &vec![1i32], &vec![blob("old-2")], &vec![h], &vec![None::<i64>], &vec![None::<i64>], &vec![None::<i32>]],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(i32, Option<i64>, Option<i32>)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    assert_eq!(got, vec![(1, Some(1), None)], "written after the broker's first message");
+    let again = sql
+        .query(
+            "SELECT o_dup_index FROM queen.push_segments_v2('windowed', $1, $2, $3, $4, $5, $6, $7) WHERE o_dup_index IS NOT NULL",
+            &[&vec!["p"], &vec![1i32], &vec![blob("old-2")], &vec![h], &vec![None::<i64>], &vec![None::<i64>], &vec![None::<i32>]],
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1, "the same id again is a duplicate through the wrapper too");
+    assert_eq!(stored_messages(&sql, "windowed", "p").await.len(), 2);
+    assert_eq!(stored_messages(&sql, "plain", "p").await.len(), 1);
 }

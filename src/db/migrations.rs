@@ -55,6 +55,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(19, "0019_dedup_in_segments.sql"),
     migration!(20, "0020_lock_retries.sql"),
     migration!(21, "0021_eviction_without_cursor.sql"),
+    migration!(22, "0022_push_function_names.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -180,8 +181,8 @@ mod tests {
             }
         }
         // Called only by brokers of the previous version during a rolling
-        // upgrade (0019_dedup_in_segments.sql keeps them exact).
-        live.push("push_segments_v1".to_string());
+        // upgrade (0022_push_function_names.sql keeps them as wrappers).
+        live.extend(["push_segments_v2".to_string(), "push_segment_v1".to_string()]);
         let mut i = 0;
         while i < live.len() {
             let body = &defined[&live[i]];

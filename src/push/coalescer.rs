@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 use super::dedup::{DedupCache, Segment};
 use super::group::GroupCommitter;
-use super::segment::{append_segment, append_v2, keeps_no_window, originals, PushError, SegmentV2, SegmentWrite};
+use super::segment::{append_segment, append_with_memory, keeps_no_window, originals, PushError, MemorySegment, SegmentWrite};
 use crate::db::DbError;
 use crate::config::CoalesceConfig;
 use crate::log::{compress_frames, decompress_frames, FrameReader, SEGMENT_LIMIT};
@@ -192,9 +192,9 @@ impl Coalescer {
                 return Ok(SegmentWrite::Duplicates { partition_id: known.pid, window: window.unwrap_or(1), dups });
             }
         }
-        let segment = SegmentV2 { partition, hashes, blob: &blob, known: check.known };
-        let appended = append_v2(client, queue, std::slice::from_ref(&segment)).await?.pop();
-        let appended = appended.ok_or_else(|| DbError::Unexpected("push_segments_v2 answered nothing".into()))?;
+        let segment = MemorySegment { partition, hashes, blob: &blob, known: check.known };
+        let appended = append_with_memory(client, queue, std::slice::from_ref(&segment)).await?.pop();
+        let appended = appended.ok_or_else(|| DbError::Unexpected("push_segments_with_memory_v1 answered nothing".into()))?;
         dedup.absorb(queue, partition, check.known, &appended.answer, None);
         Ok(appended.write)
     }

@@ -9,7 +9,7 @@
 //! themselves; they hand their compressed segment to this committer, which
 //! keeps at most `writers` group writes in flight. While those run, segments
 //! of other lanes pile up, and the next group write takes them all: one call
-//! of `queen.push_segments_v2` per queue in one transaction. Like the lanes,
+//! of `queen.push_segments_with_memory_v1` per queue in one transaction. Like the lanes,
 //! this batches exactly what load produces and never waits on a timer: an
 //! idle broker's segment goes out at once.
 //!
@@ -25,7 +25,7 @@ use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::oneshot;
 
 use super::dedup::{Answer, Known};
-use super::segment::{append_segment, append_v2, keeps_no_window, Appended, PushError, SegmentV2, PUSH_SQL, PUSH_V2_SQL};
+use super::segment::{append_segment, append_with_memory, keeps_no_window, Appended, PushError, MemorySegment, PUSH_SQL, PUSH_WITH_MEMORY_SQL};
 use crate::db::DbError;
 
 /// Most segments one group write carries.
@@ -33,11 +33,11 @@ const MAX_SEGMENTS: usize = 256;
 /// Most compressed bytes one group write carries.
 const MAX_BYTES: usize = 8 << 20;
 /// Fewest segments of a queue without a dedup window worth one
-/// `push_segments_v2` call: its set-based statements cost PostgreSQL more
-/// than `push_segment_v1` for one segment and break even near two (pgbench,
-/// docs/PERFORMANCE.md), so smaller sets go as single calls inside the
-/// group's transaction. A queue with a window (or not yet known) is one v2
-/// call however few its segments.
+/// `push_segments_with_memory_v1` call: its set-based statements cost
+/// PostgreSQL more than `push_segment_without_window_v1` for one segment and
+/// break even near two (pgbench, docs/PERFORMANCE.md), so smaller sets go as
+/// single calls inside the group's transaction. A queue with a window (or
+/// not yet known) is one set-based call however few its segments.
 const MULTI_MIN: usize = 3;
 
 type Reply = oneshot::Sender<Result<Appended, Arc<PushError>>>;
@@ -162,16 +162,16 @@ impl Inner {
         for (j, job) in jobs.iter().enumerate() {
             by_queue.entry(&job.queue).or_default().push(j);
         }
-        // A queue with a dedup window (or not yet known) is one v2 call
+        // A queue with a dedup window (or not yet known) is one set-based call
         // however few its segments; one without from MULTI_MIN.
         let calls: Vec<Vec<usize>> = by_queue
             .into_values()
             .flat_map(|mut v| {
                 v.sort_by(|&a, &b| jobs[a].partition.cmp(&jobs[b].partition));
-                let (plain, v2): (Vec<usize>, Vec<usize>) = v.into_iter().partition(|&j| keeps_no_window(jobs[j].window));
+                let (plain, windowed): (Vec<usize>, Vec<usize>) = v.into_iter().partition(|&j| keeps_no_window(jobs[j].window));
                 let plain: Vec<Vec<usize>> =
                     if plain.len() >= MULTI_MIN { vec![plain] } else { plain.into_iter().map(|j| vec![j]).collect() };
-                plain.into_iter().chain((!v2.is_empty()).then_some(v2))
+                plain.into_iter().chain((!windowed.is_empty()).then_some(windowed))
             })
             .collect();
         let result = if calls.len() == 1 {
@@ -232,7 +232,7 @@ async fn write_in_transaction(
 ) -> Result<Vec<Vec<Appended>>, DbError> {
     // Statements are prepared (cached) first, so that each call below sends
     // its query on first poll, in order, between BEGIN and COMMIT.
-    for sql in [PUSH_SQL, PUSH_V2_SQL] {
+    for sql in [PUSH_SQL, PUSH_WITH_MEMORY_SQL] {
         client.prepare_cached(sql).await?;
     }
     let begin = client.batch_execute("BEGIN");
@@ -256,9 +256,9 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
             return Ok(vec![Appended { write, answer: Answer::default(), at_us: None }]);
         }
     }
-    let segments: Vec<SegmentV2> = members
+    let segments: Vec<MemorySegment> = members
         .iter()
-        .map(|&j| SegmentV2 { partition: &jobs[j].partition, hashes: &jobs[j].hashes, blob: &jobs[j].blob, known: jobs[j].known })
+        .map(|&j| MemorySegment { partition: &jobs[j].partition, hashes: &jobs[j].hashes, blob: &jobs[j].blob, known: jobs[j].known })
         .collect();
-    append_v2(client, &jobs[members[0]].queue, &segments).await
+    append_with_memory(client, &jobs[members[0]].queue, &segments).await
 }

@@ -6,10 +6,11 @@
 //! and both write through here, so the dependency runs one way
 //! (coalescer → group → segment) and neither reaches into the other.
 //!
-//! Two functions write segments: `queen.push_segment(s)_v1` for a queue
-//! known to keep no dedup window, and `queen.push_segments_v2` for any other
-//! (a window, or a queue not yet known), which checks what the broker's dedup
-//! memory does not cover and answers what it needs (`push::dedup`).
+//! Two functions write segments: `queen.push_segment_without_window_v1` for
+//! a lone segment of a queue known to keep no dedup window, and
+//! `queen.push_segments_with_memory_v1` for any other (a window, or a queue
+//! not yet known), which checks what the broker's dedup memory does not
+//! cover and answers what it needs (`push::dedup`).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -18,11 +19,11 @@ use super::dedup::{Answer, Known, Segment};
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 
-/// One segment of a queue without a dedup window (`0002_push.sql`).
-pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_v1($1, $2, $3, $4)";
+/// One segment of a queue without a dedup window (`0022_push_function_names.sql`).
+pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_without_window_v1($1, $2, $3, $4)";
 /// Segments of a queue with a dedup window, or whose window is not yet
-/// known, one per partition (`0019_dedup_in_segments.sql`).
-pub(super) const PUSH_V2_SQL: &str = "SELECT * FROM queen.push_segments_v2($1, $2, $3, $4, $5, $6, $7, $8)";
+/// known, one per partition (`0022_push_function_names.sql`).
+pub(super) const PUSH_WITH_MEMORY_SQL: &str = "SELECT * FROM queen.push_segments_with_memory_v1($1, $2, $3, $4, $5, $6, $7, $8)";
 /// The segment at or below each offset, for a duplicate's original id, and
 /// whether it is inside its queue's window now, by PostgreSQL's clock and
 /// the window as it is now.
@@ -63,7 +64,7 @@ impl PushError {
     }
 }
 
-/// What one call to `queen.push_segment_v1` did.
+/// What one call to `queen.push_segment_without_window_v1` did.
 #[derive(Debug)]
 pub enum SegmentWrite {
     Written { partition_id: i64, base_offset: i64, window: i32 },
@@ -73,7 +74,7 @@ pub enum SegmentWrite {
 }
 
 /// Appends one compressed segment of a queue without a dedup window with
-/// `queen.push_segment_v1` (which hands a queue that has one to the dedup
+/// `queen.push_segment_without_window_v1` (which hands a queue that has one to the dedup
 /// path, so a stale hint costs time, not exactness).
 pub(super) async fn append_segment(
     client: &impl deadpool_postgres::GenericClient,
@@ -95,8 +96,8 @@ pub(super) async fn append_segment(
     Ok(SegmentWrite::Duplicates { partition_id, window, dups })
 }
 
-/// One segment of a `queen.push_segments_v2` call.
-pub(super) struct SegmentV2<'a> {
+/// One segment of a `queen.push_segments_with_memory_v1` call.
+pub(super) struct MemorySegment<'a> {
     pub partition: &'a str,
     pub hashes: &'a [i64],
     pub blob: &'a [u8],
@@ -104,7 +105,7 @@ pub(super) struct SegmentV2<'a> {
     pub known: Option<Known>,
 }
 
-/// What `queen.push_segments_v2` did with one segment, and what it tells
+/// What `queen.push_segments_with_memory_v1` did with one segment, and what it tells
 /// the dedup memory.
 #[derive(Debug)]
 pub struct Appended {
@@ -115,11 +116,11 @@ pub struct Appended {
 }
 
 /// Appends segments of one queue, one per partition, with
-/// `queen.push_segments_v2`: one round trip. Each segment's outcome, in order.
-pub(super) async fn append_v2(
+/// `queen.push_segments_with_memory_v1`: one round trip. Each segment's outcome, in order.
+pub(super) async fn append_with_memory(
     client: &impl deadpool_postgres::GenericClient,
     queue: &str,
-    segments: &[SegmentV2<'_>],
+    segments: &[MemorySegment<'_>],
 ) -> Result<Vec<Appended>, DbError> {
     let partitions: Vec<&str> = segments.iter().map(|s| s.partition).collect();
     let counts: Vec<i32> = segments.iter().map(|s| s.hashes.len() as i32).collect();
@@ -128,7 +129,7 @@ pub(super) async fn append_v2(
     let known_pid: Vec<Option<i64>> = segments.iter().map(|s| s.known.map(|k| k.pid)).collect();
     let known: Vec<Option<i64>> = segments.iter().map(|s| s.known.map(|k| k.last)).collect();
     let known_window: Vec<Option<i32>> = segments.iter().map(|s| s.known.map(|k| k.window)).collect();
-    let stmt = client.prepare_cached(PUSH_V2_SQL).await?;
+    let stmt = client.prepare_cached(PUSH_WITH_MEMORY_SQL).await?;
     let rows =
         client.query(&stmt, &[&queue, &partitions, &counts, &blobs, &hashes, &known_pid, &known, &known_window]).await?;
     // Per segment: what the memory learns, (base offset, created_at) if
@@ -139,7 +140,7 @@ pub(super) async fn append_v2(
         let s = usize::try_from(row.get::<_, i32>("o_seg") - 1)
             .ok()
             .filter(|s| *s < segments.len())
-            .ok_or_else(|| DbError::Unexpected("push_segments_v2 named a segment it was not given".into()))?;
+            .ok_or_else(|| DbError::Unexpected("push_segments_with_memory_v1 named a segment it was not given".into()))?;
         let (answer, written, dups) = &mut out[s];
         answer.pid = row.get("o_partition_id");
         answer.window = row.get("o_window");
@@ -166,7 +167,7 @@ pub(super) async fn append_v2(
                     (SegmentWrite::Written { partition_id, base_offset, window }, Some(at))
                 }
                 None if !dups.is_empty() => (SegmentWrite::Duplicates { partition_id, window, dups }, None),
-                None => return Err(DbError::Unexpected("push_segments_v2 left a segment unanswered".into())),
+                None => return Err(DbError::Unexpected("push_segments_with_memory_v1 left a segment unanswered".into())),
             };
             Ok(Appended { write, answer, at_us })
         })
@@ -207,8 +208,8 @@ pub(super) async fn originals(
 }
 
 /// Whether a queue's last reported dedup window says it keeps none: its
-/// segments then go through `queen.push_segment(s)_v1`, every other through
-/// `queen.push_segments_v2`.
+/// segments then go through `queen.push_segment_without_window_v1`, every
+/// other through `queen.push_segments_with_memory_v1`.
 pub(super) fn keeps_no_window(window: Option<i32>) -> bool {
     window == Some(0)
 }
