@@ -4,6 +4,8 @@ partitions, a changed configuration, and a processor killed mid-window."""
 
 import asyncio
 
+import pytest
+
 from conftest import run
 from queen import Queen
 
@@ -216,4 +218,61 @@ def test_two_streams_read_one_source_each_exactly_and_sessions_close_on_their_ga
             got += await drain_acked(q, "sessions", 1, seconds=1)
             await sessions.stop()
             assert sorted(w["data"]["count"] for w in got) == [1, 2, 3], [w["data"] for w in got]
+    run(scenario())
+
+
+@pytest.mark.broker_env({"QUEEN_ENCRYPTION_KEY": "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+                         "RETENTION_INTERVAL": "2000", "EVICTION_INTERVAL": "2000", "STATS_INTERVAL_MS": "2000"})
+def test_concurrent_cycles_of_many_partitions_keep_every_partitions_aggregate_exact(broker):
+    """Issue 44 §3: one key per partition (a customer each), events arriving
+    one at a time while two processors of one query run, so that cycles and
+    idle flushes of different partitions run at once, on an encrypted source
+    with an encryption key and 2 s sweeps (the report's broker). After the
+    window closed, each partition's one aggregate holds exactly its own
+    events: none lost, none counted twice."""
+    from queen import Stream
+
+    parts, rounds, per_round = 24, 6, 1
+    base = 1_700_000_000_000
+
+    def value(p, i):
+        return p * 100 + i * 7 + 1
+
+    async def scenario():
+        async with Queen(broker.url) as q:
+            await q.queue("purchases").config({"encryptionEnabled": True}).create()
+            def build():
+                return (Stream.from_(q.queue("purchases"))
+                        .window_tumbling(seconds=60, event_time=lambda m: m["data"]["ts"], idle_flush_ms=100)
+                        .aggregate({"sum": lambda v: v["v"], "count": lambda v: 1})
+                        .to(q.queue("per-customer")))
+
+            runners = [await build().run(query_id="per-customer", url=broker.url, batch_size=2) for _ in range(2)]
+            for r in range(rounds):
+                for p in range(parts):
+                    events = [{"data": {"ts": base + (r * per_round + i) * 1000, "v": value(p, r * per_round + i)}}
+                              for i in range(per_round)]
+                    await q.queue("purchases").partition(f"c{p}").push(events)
+                await asyncio.sleep(0.15)
+            for p in range(parts):
+                await q.queue("purchases").partition(f"c{p}").push([{"data": {"ts": base + 600_000, "v": 0}}])
+            got = []
+            for _ in range(300):
+                for part in range(parts):
+                    batch = await q.queue("per-customer").partition(f"c{part}").batch(10).wait(False).pop()
+                    for m in batch:
+                        await q.ack(m, True)
+                        got.append((part, m["data"]["count"], m["data"]["sum"]))
+                if len(got) >= parts:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.5)
+            for part in range(parts):
+                for m in await q.queue("per-customer").partition(f"c{part}").batch(10).wait(False).pop():
+                    got.append((part, m["data"]["count"], m["data"]["sum"]))
+            for r in runners:
+                await r.stop()
+            n = rounds * per_round
+            want = sorted((p, n, sum(value(p, i) for i in range(n))) for p in range(parts))
+            assert sorted(got) == want, f"got {sorted(got)}"
     run(scenario())
