@@ -151,6 +151,23 @@ async fn the_token_subject_is_stamped_as_producer_sub_and_a_client_value_ignored
 }
 
 #[tokio::test]
+async fn a_subject_too_long_for_a_frame_is_refused_at_the_door_and_the_broker_lives() {
+    let b = jwt_broker(&[]).await;
+    // 70,000 bytes would overflow a frame's 16-bit string length; 1025 is past the bound.
+    for len in [70_000usize, 1025] {
+        let t = token("write-only", &"s".repeat(len));
+        let (status, body) = call(&b, "POST", "/api/v1/push", Some(&t)).await;
+        assert_eq!((status, body), (401, json!({"error": "Invalid token: sub is longer than 1024 bytes"})));
+    }
+    assert!(stored_messages(&b.sql().await, "authq", "Default").await.is_empty(), "nothing was written");
+    // The bound itself is accepted and the broker still answers.
+    let t = token("write-only", &"s".repeat(1024));
+    assert_eq!(call(&b, "POST", "/api/v1/push", Some(&t)).await.0, 201);
+    let popped = pop_as_admin(&b, "/api/v1/pop/queue/authq").await;
+    assert_eq!(popped["messages"][0]["producerSub"].as_str().map(str::len), Some(1024));
+}
+
+#[tokio::test]
 async fn a_timer_fires_as_a_message_of_the_subject_that_scheduled_it() {
     use base64::Engine as _;
     let b = jwt_broker(&[]).await;

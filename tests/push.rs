@@ -387,7 +387,7 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
                 encrypted: false,
                 payload: b"1",
             };
-            frame.encode_into(&mut raw);
+            frame.encode_into(&mut raw).expect("test frame fits");
         }
         queen::log::compress_frames(&raw, 3)
     };
@@ -723,7 +723,7 @@ async fn the_previous_versions_push_functions_still_write_through_their_wrappers
     let blob = |txn: &str| {
         let mut raw = Vec::new();
         queen::log::Frame { message_id: uuid::Uuid::now_v7(), trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: b"7" }
-            .encode_into(&mut raw);
+            .encode_into(&mut raw).expect("test frame fits");
         queen::log::compress_frames(&raw, 3)
     };
     let one = sql

@@ -137,6 +137,13 @@ async fn a_refused_cycle_changes_nothing() {
         (json!({"query_id": q, "partition_id": "abc", "consumer_group": "g"}), "partition_id: required, a partition id as the pop answered it"),
         (json!({"query_id": q, "partition_id": pid, "consumer_group": "g", "state_ops": [{"type": "merge", "key": "k"}]}), "state_ops[0].type: must be upsert or delete"),
         (json!({"query_id": q, "partition_id": pid, "consumer_group": "g", "push_items": [{"partition": "p", "payload": 1}]}), "push_items[0].queue: required, a string"),
+        // A transactionId ends in a frame: push's 1024-byte bound holds here too (issue 45).
+        (json!({"query_id": q, "partition_id": pid, "consumer_group": "g", "push_items": [{"queue": "sink", "payload": 1, "transactionId": "t".repeat(70_000)}]}),
+         "push_items[0].transactionId: longer than 1024 bytes"),
+        (json!({"query_id": q, "partition_id": pid, "consumer_group": "g", "push_items": [{"queue": "sink", "payload": 1, "transactionId": "t".repeat(1025)}]}),
+         "push_items[0].transactionId: longer than 1024 bytes"),
+        (json!({"query_id": q, "partition_id": pid, "consumer_group": "g", "push_items": [{"queue": "sink", "payload": 1, "transactionId": 7}]}),
+         "push_items[0].transactionId: must be a string"),
     ] {
         let (status, r) = b.post("/streams/v1/cycle", body).await;
         assert_eq!((status, r["error"].as_str().unwrap()), (400, error));

@@ -328,7 +328,7 @@ pub async fn push_in(
     for g in &plan.groups {
         let mut frames = Vec::new();
         for &idx in &g.leaders {
-            plan.frame(items, idx).encode_into(&mut frames);
+            plan.frame(items, idx).encode_into(&mut frames).map_err(|e| TxnError::BadRequest(e.to_string()))?;
         }
         let hashes: Vec<i64> = g.leaders.iter().map(|&i| plan.hashes[i]).collect();
         match coalescer.write_in(tx, &g.queue, &g.partition, &hashes, &frames).await? {

@@ -484,7 +484,7 @@ fn qpb1_flag8(queue: &str, partition: &str, batch: usize, payload: &str, minted:
     let mut raw = Vec::new();
     for (id, txn) in &ids {
         queen::log::Frame { message_id: *id, trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: payload.as_bytes() }
-            .encode_into(&mut raw);
+            .encode_into(&mut raw).expect("bench transactionId fits a frame");
     }
     let z = queen::log::compress_frames(&raw, 3);
     let mut b = Vec::with_capacity(z.len() + 64);

@@ -30,6 +30,10 @@ pub enum Level {
     Admin,
 }
 
+/// The longest JWT `sub` accepted: it rides in every frame the caller
+/// pushes, as `producerSub`, beside a transactionId of the same bound.
+pub const MAX_SUB_BYTES: usize = crate::push::validate::MAX_TRANSACTION_ID_BYTES;
+
 /// The caller, once verified.
 #[derive(Debug, Clone)]
 pub struct Principal {
@@ -169,6 +173,11 @@ pub fn check(state: &AppState, req: &mut Request) -> Result<(), Response> {
         return Err(deny(StatusCode::FORBIDDEN, "Insufficient permissions"));
     }
     let sub = claims.get("sub").and_then(Value::as_str).map(str::to_string);
+    // The subject is stamped into every frame this caller pushes; a frame's
+    // strings are bounded, so an over-long one is refused here, not there.
+    if sub.as_ref().is_some_and(|s| s.len() > MAX_SUB_BYTES) {
+        return Err(deny(StatusCode::UNAUTHORIZED, &format!("Invalid token: sub is longer than {MAX_SUB_BYTES} bytes")));
+    }
     req.extensions_mut().insert(Principal { sub });
     Ok(())
 }

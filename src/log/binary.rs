@@ -385,7 +385,7 @@ mod tests {
         let mut frames = Vec::new();
         for (t, p) in [("a", "1"), ("b", "{\"x\":2}")] {
             Frame { message_id: Uuid::now_v7(), trace_id: None, transaction_id: t, producer_sub: None, encrypted: false, payload: p.as_bytes() }
-                .encode_into(&mut frames);
+                .encode_into(&mut frames).expect("test frame fits");
         }
         let z = compress_frames(&frames, 3);
         let mut b = magic.to_vec();
@@ -416,7 +416,7 @@ mod tests {
         // Two concatenated zstd frames decode fine but are not one segment blob.
         let mut frames = Vec::new();
         Frame { message_id: Uuid::now_v7(), trace_id: None, transaction_id: "a", producer_sub: None, encrypted: false, payload: b"1" }
-            .encode_into(&mut frames);
+            .encode_into(&mut frames).expect("test frame fits");
         let mut z = compress_frames(&frames[..10], 3);
         z.extend(compress_frames(&frames[10..], 3));
         let p = parse_push(&one_group_push(1, &z), 1 << 20).unwrap();
@@ -426,7 +426,7 @@ mod tests {
         // A frame naming a producer is restamped by the broker, so repacked.
         let mut stamped = Vec::new();
         Frame { message_id: Uuid::now_v7(), trace_id: None, transaction_id: "a", producer_sub: Some("me"), encrypted: false, payload: b"1" }
-            .encode_into(&mut stamped);
+            .encode_into(&mut stamped).expect("test frame fits");
         let z = compress_frames(&stamped, 3);
         assert!(parse_push(&one_group_push(1, &z), 1 << 20).unwrap().groups.is_empty());
     }

@@ -38,6 +38,14 @@ pub struct Frame<'a> {
     pub payload: &'a [u8],
 }
 
+/// A string too long for its frame field: nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} is {len} bytes; a frame holds at most {MAX_STR16}")]
+pub struct FrameTooLong {
+    pub field: &'static str,
+    pub len: usize,
+}
+
 /// A frame, or a run of frames, that does not parse. `offset` is the byte
 /// position (inside the decompressed frame run) where parsing failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -59,12 +67,19 @@ impl<'a> Frame<'a> {
             + self.payload.len()
     }
 
-    /// Appends the encoded frame to `out`.
+    /// Appends the encoded frame to `out`, or nothing when a string does not
+    /// fit its `str16` field.
     ///
-    /// Callers validate string lengths beforehand (names and ids are bounded
-    /// far below `u16::MAX` by push validation); a longer string here is a bug.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
-        assert!(self.transaction_id.len() <= MAX_STR16, "transactionId longer than str16");
+    /// Requests are checked at the edge (a transactionId of at most 1024
+    /// bytes, a JWT `sub` of at most 1024), so an error here means a path
+    /// that skipped its check: it is answered as an error, never a panic.
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), FrameTooLong> {
+        if self.transaction_id.len() > MAX_STR16 {
+            return Err(FrameTooLong { field: "transactionId", len: self.transaction_id.len() });
+        }
+        if let Some(s) = self.producer_sub.filter(|s| s.len() > MAX_STR16) {
+            return Err(FrameTooLong { field: "producer subject", len: s.len() });
+        }
         let body_len = self.encoded_len() - 4;
         out.reserve(self.encoded_len());
         out.extend_from_slice(&(body_len as u32).to_le_bytes());
@@ -85,10 +100,10 @@ impl<'a> Frame<'a> {
         }
         put_str16(out, self.transaction_id);
         if let Some(s) = self.producer_sub {
-            assert!(s.len() <= MAX_STR16, "producer subject longer than str16");
             put_str16(out, s);
         }
         out.extend_from_slice(self.payload);
+        Ok(())
     }
 
     /// The payload as JSON text: an empty payload stands for `null`.
@@ -214,7 +229,7 @@ mod tests {
         let id = Uuid::from_bytes([7; 16]);
         let f = Frame { message_id: id, ..sample("t1", br#"{"a":1}"#) };
         let mut out = Vec::new();
-        f.encode_into(&mut out);
+        f.encode_into(&mut out).expect("test frame fits");
         let mut expected = vec![];
         expected.extend_from_slice(&(1u32 + 16 + 2 + 2 + 7).to_le_bytes());
         expected.push(0);
@@ -234,7 +249,7 @@ mod tests {
     #[test]
     fn a_truncated_frame_names_the_offset_and_what_was_expected() {
         let mut out = Vec::new();
-        sample("abc", b"[1,2,3]").encode_into(&mut out);
+        sample("abc", b"[1,2,3]").encode_into(&mut out).expect("test frame fits");
         let cut = &out[..out.len() - 2];
         let err = FrameReader::collect_all(cut).unwrap_err();
         assert_eq!(err.offset, 4);
@@ -242,9 +257,26 @@ mod tests {
     }
 
     #[test]
+    fn an_over_long_string_is_an_error_and_writes_nothing() {
+        let long = "x".repeat(MAX_STR16 + 1);
+        let mut out = vec![9u8];
+        let err = sample(&long, b"1").encode_into(&mut out).unwrap_err();
+        assert_eq!(err, FrameTooLong { field: "transactionId", len: MAX_STR16 + 1 });
+        let stamped = Frame { producer_sub: Some(&long), ..sample("t", b"1") };
+        let err = stamped.encode_into(&mut out).unwrap_err();
+        assert_eq!(err.field, "producer subject");
+        assert_eq!(out, vec![9u8], "a refused frame leaves the buffer as it was");
+        // The longest string that fits still encodes and decodes.
+        let edge = "y".repeat(MAX_STR16);
+        sample(&edge, b"2").encode_into(&mut out).expect("the limit itself fits");
+        let decoded = FrameReader::collect_all(&out[1..]).unwrap();
+        assert_eq!(decoded[0].transaction_id, edge);
+    }
+
+    #[test]
     fn a_lying_transaction_id_length_is_refused() {
         let mut out = Vec::new();
-        sample("abc", b"").encode_into(&mut out);
+        sample("abc", b"").encode_into(&mut out).expect("test frame fits");
         // The str16 length sits after 4 (len) + 1 (flags) + 16 (id).
         out[21] = 200;
         let err = FrameReader::collect_all(&out).unwrap_err();
@@ -255,7 +287,7 @@ mod tests {
     #[test]
     fn unknown_flag_bits_are_refused() {
         let mut out = Vec::new();
-        sample("abc", b"1").encode_into(&mut out);
+        sample("abc", b"1").encode_into(&mut out).expect("test frame fits");
         out[4] = 0x80;
         assert!(FrameReader::collect_all(&out).is_err());
     }
@@ -283,7 +315,7 @@ mod tests {
                 payload: payload.as_slice(),
             }).collect();
             for f in &originals {
-                f.encode_into(&mut out);
+                f.encode_into(&mut out).expect("test frame fits");
             }
             let decoded = FrameReader::collect_all(&out).unwrap();
             prop_assert_eq!(decoded, originals);

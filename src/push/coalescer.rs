@@ -271,7 +271,7 @@ fn unpack(blob: &[u8], items: usize) -> Result<Unpacked, Arc<PushError>> {
     let mut ranges = Vec::with_capacity(items);
     for f in FrameReader::new(&raw) {
         let start = out.len();
-        f.map_err(|e| unreadable(format!("{e:?}")))?.encode_into(&mut out);
+        f.map_err(|e| unreadable(format!("{e:?}")))?.encode_into(&mut out).map_err(|e| unreadable(e.to_string()))?;
         ranges.push(start..out.len());
     }
     if ranges.len() != items {

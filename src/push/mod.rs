@@ -240,7 +240,7 @@ pub async fn push_items_prepacked<'a>(
                 pending.push((std::mem::take(&mut chunk_idx), rx));
             }
             let start = frames.len();
-            frame.encode_into(&mut frames);
+            frame.encode_into(&mut frames).map_err(|e| Arc::new(PushError::from(e)))?;
             chunk_items.push(EntryItem { txn_hash: hashes[idx], message_id: message_ids[idx], frame: start..frames.len() });
             chunk_idx.push(idx);
         }

@@ -49,6 +49,9 @@ pub enum PushError {
     /// not read back the same (a bug, not bad input).
     #[error("the pushed frames could not be read back: {0}")]
     Unreadable(String),
+    /// A string that skipped its check at the edge (a bug, not bad input).
+    #[error("a message could not be framed: {0}")]
+    Frame(#[from] crate::log::FrameTooLong),
 }
 
 impl PushError {

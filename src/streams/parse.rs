@@ -6,7 +6,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use super::{CycleAck, StateOp};
-use crate::push::validate::{check_name, DEFAULT_PARTITION};
+use crate::push::validate::{check_name, DEFAULT_PARTITION, MAX_TRANSACTION_ID_BYTES};
 
 /// Most state ops and push items in one cycle.
 pub const MAX_CYCLE_OPS: usize = 10_000;
@@ -149,7 +149,14 @@ pub fn cycle(v: &Value) -> Result<CycleBody, String> {
             };
             check_name(&partition).map_err(|e| format!("push_items[{i}].partition: {e}"))?;
             let payload = item.get("payload").or_else(|| item.get("data")).ok_or_else(|| format!("push_items[{i}].payload: required"))?;
-            let txn = item.get("transactionId").and_then(Value::as_str).filter(|t| !t.is_empty()).map(str::to_string);
+            let txn = match item.get("transactionId") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(t)) if t.len() > MAX_TRANSACTION_ID_BYTES => {
+                    return Err(format!("push_items[{i}].transactionId: longer than {MAX_TRANSACTION_ID_BYTES} bytes"))
+                }
+                Some(Value::String(t)) => Some(t.clone()).filter(|t| !t.is_empty()),
+                Some(_) => return Err(format!("push_items[{i}].transactionId: must be a string")),
+            };
             Ok((queue.to_string(), partition, payload.to_string(), txn))
         })
         .collect::<Result<Vec<_>, String>>()?;

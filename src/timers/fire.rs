@@ -85,7 +85,7 @@ pub async fn tick(
             while !leaders.is_empty() {
                 let mut frames = Vec::new();
                 for &idx in &leaders {
-                    plan.frame(&items, idx).encode_into(&mut frames);
+                    plan.frame(&items, idx).encode_into(&mut frames).map_err(|e| DbError::Unexpected(e.to_string()))?;
                 }
                 let hashes: Vec<i64> = leaders.iter().map(|&i| plan.hashes[i]).collect();
                 match coalescer.write_in(&tx, &g.queue, &g.partition, &hashes, &frames).await? {

@@ -520,7 +520,7 @@ pub fn flag8_body(queue: &str, partition: &str, frames: &[(&str, &str)], level: 
         let id = uuid::Uuid::now_v7();
         ids.push(id);
         queen::log::Frame { message_id: id, trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: payload.as_bytes() }
-            .encode_into(&mut raw);
+            .encode_into(&mut raw).expect("test frame fits");
     }
     let z = queen::log::compress_frames(&raw, level);
     let mut b = b"QPB1".to_vec();
@@ -541,7 +541,7 @@ pub fn flag8_body(queue: &str, partition: &str, frames: &[(&str, &str)], level: 
 pub fn qtb1(head: &serde_json::Value, queue: &str, txn: &str) -> Vec<u8> {
     let mut raw = Vec::new();
     queen::log::Frame { message_id: uuid::Uuid::now_v7(), trace_id: None, transaction_id: txn, producer_sub: None, encrypted: false, payload: b"\"result\"" }
-        .encode_into(&mut raw);
+        .encode_into(&mut raw).expect("test frame fits");
     let z = queen::log::compress_frames(&raw, 3);
     let head = head.to_string();
     let mut b = b"QTB1\0".to_vec();
