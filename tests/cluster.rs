@@ -165,11 +165,20 @@ async fn an_ack_on_one_broker_wakes_a_long_poll_the_lease_held_back_on_another()
 }
 
 /// What the consumers of the fault test saw: every delivery, and every
-/// batch whose ack the broker confirmed (partition, payloads in order).
+/// batch whose ack the broker confirmed (ticket, partition, payloads in
+/// order).
+///
+/// A batch's ticket is drawn just before its ack is sent. The next batch of
+/// a partition can only be popped once this one is committed, so its ack is
+/// sent, and its ticket drawn, later: tickets order a partition's batches by
+/// commit. The order in which consumers *record* confirmations does not: a
+/// consumer woken by another's ack can pop, ack and record before the first
+/// one has read its own ack's answer.
 #[derive(Default)]
 struct Seen {
     delivered: std::collections::HashSet<i64>,
-    confirmed: Vec<(String, Vec<i64>)>,
+    tickets: u64,
+    confirmed: Vec<(u64, String, Vec<i64>)>,
 }
 
 #[tokio::test]
@@ -247,11 +256,16 @@ async fn three_brokers_deliver_everything_in_order_once_through_a_kill_and_a_rej
                     .iter()
                     .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": body["leaseId"], "status": "completed"}))
                     .collect();
+                let ticket = {
+                    let mut s = seen.lock().unwrap();
+                    s.tickets += 1;
+                    s.tickets
+                };
                 let Ok(r) = http.post(format!("{base}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": "g"})).send().await else { continue };
                 let Ok(results) = r.json::<Value>().await else { continue };
                 if results.as_array().is_some_and(|rs| !rs.is_empty() && rs.iter().all(|x| x["success"] == true)) {
                     let partition = messages[0]["partition"].as_str().unwrap().to_string();
-                    seen.lock().unwrap().confirmed.push((partition, ns));
+                    seen.lock().unwrap().confirmed.push((ticket, partition, ns));
                 }
             }
         }));
@@ -288,19 +302,20 @@ async fn three_brokers_deliver_everything_in_order_once_through_a_kill_and_a_rej
     // broker died was caught by its transactionId.
     let stored: i64 = a.sql().await.query_one("SELECT sum(p.last_offset + 1)::bigint FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'work'", &[]).await.unwrap().get(0);
     assert_eq!(stored, total, "every message stored once");
-    let s = seen.lock().unwrap();
+    let mut s = seen.lock().unwrap();
     assert_eq!(s.delivered.len(), total as usize, "every message delivered");
+    s.confirmed.sort_by_key(|(ticket, _, _)| *ticket);
     // Nothing committed twice: no message in two confirmed acks.
     let mut committed = std::collections::HashSet::new();
-    for (_, ns) in &s.confirmed {
+    for (_, _, ns) in &s.confirmed {
         for n in ns {
             assert!(committed.insert(*n), "message {n} was committed twice");
         }
     }
     // In order per partition: each confirmed batch is ascending, and a
-    // partition's confirmed batches follow each other.
+    // partition's confirmed batches, in commit order, follow each other.
     let mut last: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
-    for (p, ns) in &s.confirmed {
+    for (_, p, ns) in &s.confirmed {
         assert!(ns.windows(2).all(|w| w[0] < w[1]), "a batch out of order: {ns:?}");
         let prev = last.insert(p.as_str(), *ns.last().unwrap()).unwrap_or(-1);
         assert!(ns[0] > prev, "partition {p}: a batch starting at {} after one ending at {prev}", ns[0]);
