@@ -9,6 +9,20 @@ use std::time::Duration;
 use common::Broker;
 use serde_json::{json, Value};
 
+const SECRET: &str = "locks-test-secret";
+
+/// A read-write token of subject `sub`.
+fn token(sub: &str) -> String {
+    let claims = json!({"sub": sub, "role": "read-write", "exp": chrono::Utc::now().timestamp() + 300});
+    jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes())).unwrap()
+}
+
+/// `POST path body` as `sub`: status and body.
+async fn post_as(b: &Broker, sub: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = b.http.post(format!("{}{path}", b.url)).bearer_auth(token(sub)).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
 async fn locks(b: &Broker, ops: Value) -> Vec<Value> {
     let (status, r) = b.post("/api/v1/locks", json!({ "operations": ops })).await;
     assert_eq!(status, 200, "{r}");
@@ -32,7 +46,9 @@ async fn a_lock_is_held_by_one_owner_renewed_with_new_tokens_and_released() {
     assert_eq!((again["already"].clone(), again["token"].clone()), (json!(true), json!(t1)));
     let bob = one(&b, json!({"op": "acquire", "name": "report", "ttlSeconds": 30, "owner": "bob"})).await;
     assert_eq!((bob["acquired"].clone(), bob["reason"].clone()), (json!(false), json!("held")));
-    assert_eq!((bob["holders"][0]["owner"].clone(), bob["holders"][0]["token"].clone()), (json!("alice"), json!(t1)));
+    // Who holds it is shown; the holder's token is not (issue 45).
+    assert_eq!(bob["holders"][0]["owner"], "alice");
+    assert_eq!(bob["holders"][0].get("token"), None, "{bob}");
 
     let r = one(&b, json!({"op": "renew", "name": "report", "token": t1, "ttlSeconds": 30})).await;
     assert_eq!(r["renewed"], true);
@@ -42,7 +58,8 @@ async fn a_lock_is_held_by_one_owner_renewed_with_new_tokens_and_released() {
     let stale = one(&b, json!({"op": "renew", "name": "report", "token": t1, "ttlSeconds": 30})).await;
     assert_eq!((stale["renewed"].clone(), stale["reason"].clone()), (json!(false), json!("lost")));
     let g = one(&b, json!({"op": "get", "name": "report"})).await;
-    assert_eq!((g["held"].clone(), g["holders"][0]["owner"].clone(), g["holders"][0]["token"].clone()), (json!(true), json!("alice"), json!(t2)));
+    assert_eq!((g["held"].clone(), g["holders"][0]["owner"].clone(), g["holders"][0].get("token")), (json!(true), json!("alice"), None));
+    assert_eq!(stale["holders"][0].get("token"), None, "a refused renew shows no token: {stale}");
     assert_eq!(one(&b, json!({"op": "release", "name": "report", "token": t1})).await["released"], false);
     assert_eq!(one(&b, json!({"op": "release", "name": "report", "token": t2})).await["released"], true);
     assert_eq!(one(&b, json!({"op": "get", "name": "report"})).await["held"], false);
@@ -156,4 +173,59 @@ async fn an_owners_concurrent_retries_get_its_one_permit_back() {
         let held = one(&b, json!({"op": "get", "name": name})).await;
         assert_eq!(held["holders"].as_array().unwrap().len(), 1, "{held}");
     }
+}
+
+/// Issue 45: read-write alone does not break another's lock. Mallory knows
+/// the owner name (holders show it) and can guess tokens (they grow from one
+/// sequence), yet gets no token, renews and releases nothing, and cannot
+/// read or write the permit rows through plain KV or a transaction.
+#[tokio::test]
+async fn another_subject_can_neither_read_nor_move_a_permit() {
+    let b = Broker::start_with(&[("JWT_ENABLED", "true"), ("JWT_SECRET", SECRET)]).await;
+    let lock = |ops: Value| json!({ "operations": ops });
+    let (_, a) = post_as(&b, "alice", "/api/v1/locks", lock(json!([{"op": "acquire", "name": "ledger", "ttlSeconds": 30, "owner": "w1"}]))).await;
+    let a = &a["results"][0];
+    let t = a["token"].as_i64().unwrap();
+    assert_eq!(a["acquired"], true);
+    // Alice's own retry still answers her permit and token.
+    let (_, again) = post_as(&b, "alice", "/api/v1/locks", lock(json!([{"op": "acquire", "name": "ledger", "ttlSeconds": 30, "owner": "w1"}]))).await;
+    assert_eq!((again["results"][0]["already"].clone(), again["results"][0]["token"].clone()), (json!(true), json!(t)));
+    // Mallory, with Alice's owner name and her exact token.
+    let (_, m) = post_as(&b, "mallory", "/api/v1/locks", lock(json!([
+        {"op": "acquire", "name": "ledger", "ttlSeconds": 30, "owner": "w1"},
+        {"op": "get", "name": "ledger"},
+        {"op": "renew", "name": "ledger", "token": t, "ttlSeconds": 30},
+        {"op": "release", "name": "ledger", "token": t},
+    ]))).await;
+    let m = m["results"].as_array().unwrap();
+    assert_eq!((m[0]["acquired"].clone(), m[0]["reason"].clone()), (json!(false), json!("held")));
+    assert!(!m.iter().any(|r| r.to_string().contains(&format!("\"token\":{t}"))), "no answer to mallory names the token: {m:?}");
+    assert_eq!(m[1]["holders"][0]["owner"], "w1", "owners may be shown");
+    assert_eq!((m[2]["renewed"].clone(), m[3]["released"].clone()), (json!(false), json!(false)));
+    // Plain KV: 403 naming the namespace, nothing read or written.
+    for op in [json!({"op": "get", "ns": "queen-locks", "key": "ledger#0"}),
+               json!({"op": "getPrefix", "ns": "queen-locks", "prefix": "ledger"}),
+               json!({"op": "delete", "ns": "queen-locks", "key": "ledger#0"}),
+               json!({"op": "put", "ns": "queen-locks", "key": "ledger#0", "value": {"owner": "m"}, "forever": true})] {
+        let (status, r) = post_as(&b, "mallory", "/api/v1/kv", json!({"operations": [op.clone()]})).await;
+        assert_eq!((status, r["error"].clone(), r["reason"].clone()), (403, json!("kv_forbidden"), json!("reserved_namespace")), "{op}: {r}");
+        assert!(r["detail"].as_str().unwrap().starts_with("operations[0].ns: queen-locks"), "{r}");
+    }
+    let r = b.http.get(format!("{}/api/v1/kv/queen-locks/ledger%230", b.url)).bearer_auth(token("mallory")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    // A transaction may check a guard, and a lost one does not say which token holds.
+    let (status, r) = post_as(&b, "mallory", "/api/v1/transaction", json!({"operations": [], "kv": [{"op": "delete", "ns": "queen-locks", "key": "ledger#0"}]})).await;
+    assert_eq!(status, 403, "{r}");
+    let guess = json!({"op": "check", "ns": "queen-locks", "key": "ledger#0", "expect": t + 7, "required": true});
+    let (status, r) = post_as(&b, "mallory", "/api/v1/transaction", json!({"operations": [], "kv": [guess.clone()]})).await;
+    assert_eq!((status, r["success"].clone(), r["kvReason"].clone(), r["version"].clone()), (200, json!(false), json!("version"), Value::Null), "{r}");
+    let (status, r) = post_as(&b, "mallory", "/api/v1/kv", json!({"operations": [{"op": "check", "ns": "queen-locks", "key": "ledger#0", "expect": 0}]})).await;
+    assert_eq!((status, r["results"][0]["reason"].clone(), r["results"][0]["version"].clone()), (200, json!("exists"), Value::Null), "a 'must not exist' probe learns no token: {r}");
+    // Alice still holds it with the same token; her guard holds; she releases it.
+    let (_, r) = post_as(&b, "alice", "/api/v1/kv", json!({"operations": [a["guard"].clone()]})).await;
+    assert_eq!((r["success"].clone(), r["results"][0]["version"].clone()), (json!(true), json!(t)), "{r}");
+    let (_, r) = post_as(&b, "alice", "/api/v1/locks", lock(json!([{"op": "renew", "name": "ledger", "token": t, "ttlSeconds": 30}]))).await;
+    let t2 = r["results"][0]["token"].as_i64().unwrap();
+    let (_, r) = post_as(&b, "alice", "/api/v1/locks", lock(json!([{"op": "release", "name": "ledger", "token": t2}]))).await;
+    assert_eq!(r["results"][0]["released"], true);
 }

@@ -43,6 +43,9 @@ pub enum TxnError {
     /// A rider of a switched-off family (403): the message names it.
     #[error("{0}")]
     RidersDisabled(&'static str),
+    /// A rider touching what it may not (403): the locks' namespace.
+    #[error("{0}")]
+    Forbidden(String),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -182,7 +185,9 @@ pub async fn run(
         (true, None) => return Err(TxnError::RidersDisabled("kv riders are not enabled on this broker (QUEEN_KV_ENABLED)")),
         (true, Some(limits)) => {
             let v: Value = serde_json::from_str(parsed.kv.expect("a rider").get()).map_err(|e| TxnError::BadRequest(format!("kv: {e}")))?;
-            crate::kv::parse(&v, "kv", limits).map_err(|e| TxnError::BadRequest(e.to_string()))?
+            let ops = crate::kv::parse(&v, "kv", limits).map_err(|e| TxnError::BadRequest(e.to_string()))?;
+            crate::kv::refuse_reserved(&ops, "kv").map_err(|e| TxnError::Forbidden(e.to_string()))?;
+            ops
         }
     };
     let mut ops = parse_ops(&ops)?;

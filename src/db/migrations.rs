@@ -56,6 +56,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20, "0020_lock_retries.sql"),
     migration!(21, "0021_eviction_without_cursor.sql"),
     migration!(22, "0022_push_function_names.sql"),
+    migration!(23, "0023_lock_subjects.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -181,8 +182,9 @@ mod tests {
             }
         }
         // Called only by brokers of the previous version during a rolling
-        // upgrade (0022_push_function_names.sql keeps them as wrappers).
-        live.extend(["push_segments_v2".to_string(), "push_segment_v1".to_string()]);
+        // upgrade (0022_push_function_names.sql keeps them as wrappers;
+        // 0023_lock_subjects.sql keeps the subject-less lock functions).
+        live.extend(["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1"].map(String::from));
         let mut i = 0;
         while i < live.len() {
             let body = &defined[&live[i]];

@@ -416,7 +416,7 @@ pub async fn transaction(
             Ok(Json(done.answer).into_response())
         }
         Err(TxnError::BadRequest(e)) => Ok(refused(StatusCode::BAD_REQUEST, e)),
-        Err(e @ TxnError::RidersDisabled(_)) => Ok(refused(StatusCode::FORBIDDEN, e.to_string())),
+        Err(e @ (TxnError::RidersDisabled(_) | TxnError::Forbidden(_))) => Ok(refused(StatusCode::FORBIDDEN, e.to_string())),
         Err(TxnError::Db(e)) => Err(e.into()),
     }
 }

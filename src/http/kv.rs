@@ -26,6 +26,7 @@ fn refused(e: KvError) -> Response {
     match e {
         KvError::BadRequest { reason, detail } => envelope(StatusCode::BAD_REQUEST, "kv_bad_request", reason, &detail),
         KvError::TooLarge { detail } => envelope(StatusCode::PAYLOAD_TOO_LARGE, "kv_value_too_large", "value_too_large", &detail),
+        KvError::Reserved { detail } => envelope(StatusCode::FORBIDDEN, "kv_forbidden", "reserved_namespace", &detail),
     }
 }
 
@@ -79,7 +80,7 @@ pub async fn batch(State(state): State<AppState>, headers: HeaderMap, raw: axum:
         Err(r) => return r,
     };
     let operations = if v.is_array() { &v } else { v.get("operations").unwrap_or(&Value::Null) };
-    match kv::parse(operations, "operations", &state.config.kv.limits) {
+    match kv::parse(operations, "operations", &state.config.kv.limits).and_then(|ops| kv::refuse_reserved(&ops, "operations").map(|()| ops)) {
         Ok(ops) => call(&state, &ops).await,
         Err(e) => refused(e),
     }
@@ -88,6 +89,7 @@ pub async fn batch(State(state): State<AppState>, headers: HeaderMap, raw: axum:
 /// The one result of a single-operation call, or its failure.
 async fn single(state: &AppState, op: Value) -> Result<Value, Response> {
     let ops = kv::parse(&json!([op]), "operations", &state.config.kv.limits).map_err(refused)?;
+    kv::refuse_reserved(&ops, "operations").map_err(refused)?;
     let mut outcome = kv::run_call(&state.pool, &ops, &state.config.kv.limits).await.map_err(unavailable)?;
     // A per-key route answers its one row; a batch position means nothing there.
     let mut result = outcome.results.remove(0);

@@ -10,7 +10,12 @@ use serde_json::json;
 use super::kv::{disabled, envelope, json_body, unavailable};
 use super::AppState;
 
-pub async fn locks(State(state): State<AppState>, headers: HeaderMap, raw: axum::body::Body) -> Response {
+pub async fn locks(
+    State(state): State<AppState>,
+    principal: Option<axum::Extension<super::auth::Principal>>,
+    headers: HeaderMap,
+    raw: axum::body::Body,
+) -> Response {
     if let Some(r) = disabled(&state) {
         return r;
     }
@@ -25,7 +30,7 @@ pub async fn locks(State(state): State<AppState>, headers: HeaderMap, raw: axum:
             return envelope(status, "locks_bad_request", e.reason, &e.detail);
         }
     };
-    match crate::locks::run(&state.pool, &ops).await {
+    match crate::locks::run(&state.pool, &ops, principal.as_ref().and_then(|p| p.sub.as_deref())).await {
         Ok(results) => Json(json!({"results": results})).into_response(),
         Err(e) => unavailable(e),
     }

@@ -23,7 +23,7 @@ use deadpool_postgres::GenericClient;
 
 use crate::admin::iso_ms;
 use crate::db::DbError;
-pub use ops::{parse, KvError, KvLimits, Op};
+pub use ops::{parse, refuse_reserved, KvError, KvLimits, Op, LOCKS_NAMESPACE};
 
 /// The answer of a call.
 #[derive(Debug)]
@@ -60,6 +60,11 @@ pub async fn run<C: GenericClient>(client: &C, operations: &[Op], limits: &KvLim
     for (i, op) in operations.iter().enumerate() {
         let mut result = apply(client, op, limits).await?;
         result["index"] = json!(i);
+        // A lock guard that does not hold says so, never which token does.
+        if op.ns() == ops::LOCKS_NAMESPACE {
+            let applied = result.get("applied") == Some(&Value::Bool(true));
+            result["version"] = ops::shown_version(op, applied, result["version"].take());
+        }
         let lost = op.is_required() && result.get("applied") == Some(&Value::Bool(false));
         results.push(result);
         if lost {

@@ -58,6 +58,19 @@ impl Op {
         matches!(self, Op::Put { .. } | Op::Delete { .. } | Op::Incr { .. })
     }
 
+    /// The namespace the operation touches.
+    pub fn ns(&self) -> &str {
+        match self {
+            Op::Get { ns, .. }
+            | Op::GetMany { ns, .. }
+            | Op::GetPrefix { ns, .. }
+            | Op::Put { ns, .. }
+            | Op::Delete { ns, .. }
+            | Op::Check { ns, .. }
+            | Op::Incr { ns, .. } => ns,
+        }
+    }
+
     pub fn key(&self) -> Value {
         match self {
             Op::Get { key, .. } | Op::Put { key, .. } | Op::Delete { key, .. } | Op::Check { key, .. } | Op::Incr { key, .. } => {
@@ -65,6 +78,37 @@ impl Op {
             }
             Op::GetMany { .. } | Op::GetPrefix { .. } => Value::Null,
         }
+    }
+}
+
+/// The namespace of lock permits: a row there is a permit and its version
+/// the permit's fencing token, shown only to its holder (`crate::locks`).
+/// A KV call or a transaction's `kv` rider may `check` a row there (a
+/// lock's guard, copied from an acquire's answer) and nothing else; a check
+/// answers no version it was not given (`kv::run`).
+pub const LOCKS_NAMESPACE: &str = "queen-locks";
+
+/// Refuses an operation other than a guard's `check` on the locks'
+/// namespace. `at` names the array, as in [`parse`].
+pub fn refuse_reserved(ops: &[Op], at: &str) -> Result<(), KvError> {
+    match ops.iter().position(|op| op.ns() == LOCKS_NAMESPACE && !matches!(op, Op::Check { .. })) {
+        None => Ok(()),
+        Some(i) => Err(KvError::Reserved {
+            detail: format!("{at}[{i}].ns: {LOCKS_NAMESPACE} holds the locks' permits: only a lock's guard (a check) may name it; use /api/v1/locks"),
+        }),
+    }
+}
+
+/// The version a result on `op` may show: on the locks' namespace, only
+/// the one a check named and found (a holder's own token), never another.
+pub fn shown_version(op: &Op, applied: bool, version: Value) -> Value {
+    match op {
+        Op::Check { ns, expect, .. } if ns == LOCKS_NAMESPACE => match (applied, expect) {
+            (true, Some(e)) => Value::from(*e),
+            _ => Value::Null,
+        },
+        _ if op.ns() == LOCKS_NAMESPACE => Value::Null,
+        _ => version,
     }
 }
 
@@ -78,6 +122,9 @@ pub enum KvError {
     /// `413 kv_value_too_large`.
     #[error("{detail}")]
     TooLarge { detail: String },
+    /// `403 kv_forbidden`: a reserved namespace ([`refuse_reserved`]).
+    #[error("{detail}")]
+    Reserved { detail: String },
 }
 
 fn bad(reason: &'static str, detail: String) -> KvError {
@@ -252,8 +299,27 @@ mod tests {
 
     fn detail(op: Value) -> String {
         match one(op).unwrap_err() {
-            KvError::BadRequest { detail, .. } | KvError::TooLarge { detail } => detail,
+            KvError::BadRequest { detail, .. } | KvError::TooLarge { detail } | KvError::Reserved { detail } => detail,
         }
+    }
+
+    #[test]
+    fn the_locks_namespace_takes_a_guard_check_and_nothing_else() {
+        let ops = parse(&json!([{"op": "get", "ns": "app", "key": "k"}, {"op": "check", "ns": "queen-locks", "key": "l#0", "expect": 3}]), "kv", &KvLimits::default()).unwrap();
+        assert_eq!(refuse_reserved(&ops, "kv"), Ok(()));
+        assert_eq!(shown_version(&ops[1], true, json!(3)), json!(3));
+        assert_eq!(shown_version(&ops[1], false, json!(9)), Value::Null, "a lost guard does not name the holder's token");
+        assert_eq!(shown_version(&ops[0], true, json!(9)), json!(9));
+        let probe = Op::Check { ns: LOCKS_NAMESPACE.into(), key: "l#0".into(), expect: None, required: false };
+        assert_eq!(shown_version(&probe, true, json!(9)), Value::Null, "a check without a token learns none");
+        for op in [json!({"op": "put", "ns": "queen-locks", "key": "l#0", "value": 1, "forever": true}), json!({"op": "get", "ns": "queen-locks", "key": "l#0"})] {
+            let ops = parse(&json!([{"op": "get", "ns": "app", "key": "k"}, op.clone()]), "operations", &KvLimits::default()).unwrap();
+            let Err(KvError::Reserved { detail }) = refuse_reserved(&ops, "operations") else { panic!("{op} was not refused") };
+            assert!(detail.starts_with("operations[1].ns: queen-locks"), "{detail}");
+        }
+        // The supervisor namespace stays the clients' to write (API.md §2.10).
+        let ops = parse(&json!([{"op": "put", "ns": "queen-supervisor", "key": "g/i/head", "value": 1, "ttlSeconds": 60}]), "operations", &KvLimits::default()).unwrap();
+        assert_eq!(refuse_reserved(&ops, "operations"), Ok(()));
     }
 
     #[test]

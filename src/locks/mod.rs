@@ -9,6 +9,15 @@
 //! grows and a renew issues a new one. `guard` is the KV `check` a client
 //! copies into a transaction so that a commit made after the permit was
 //! lost is refused.
+//!
+//! A token is shown only to its holder (issue 45): the answer of a
+//! successful acquire or renew carries it; the holders listed by a `get`, a
+//! refused acquire or a refused renew show slot, owner and times, never a
+//! token. Tokens grow from one sequence and owners are listed, so neither is
+//! a secret: a permit also remembers the JWT subject that took it
+//! (migrations/0023_lock_subjects.sql), and an owner's retry, a renew and a
+//! release act only for that subject. Direct KV access to the namespace is
+//! refused ([`crate::kv::ops`]), so a token cannot be read around this API.
 
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
@@ -105,12 +114,20 @@ struct Holder {
     since: chrono::DateTime<chrono::Utc>,
     expires_at: Option<chrono::DateTime<chrono::Utc>>,
     renewed_at: chrono::DateTime<chrono::Utc>,
+    /// The JWT subject that took the permit (None without authentication).
+    sub: Option<String>,
 }
 
 impl Holder {
+    /// What anyone may see of a permit: no token, no subject.
     fn json(&self) -> Value {
-        json!({"slot": self.slot, "owner": self.owner, "token": self.token, "since": iso_ms(self.since),
+        json!({"slot": self.slot, "owner": self.owner, "since": iso_ms(self.since),
                "expiresAt": self.expires_at.map(iso_ms), "renewedAt": iso_ms(self.renewed_at)})
+    }
+
+    /// Whether `token` (on `slot`, when named) moves this permit for `sub`.
+    fn answers_to(&self, token: i64, slot: Option<i32>, sub: Option<&str>) -> bool {
+        self.token == token && slot.is_none_or(|s| s == self.slot) && self.sub.as_deref() == sub
     }
 }
 
@@ -120,10 +137,10 @@ pub fn guard(name: &str, slot: i32, token: i64) -> Value {
 }
 
 async fn holders(client: &deadpool_postgres::Client, name: &str) -> Result<Vec<Holder>, DbError> {
-    let rows = client.query(&stmt(client, "SELECT * FROM queen.lock_holders_v1($1)").await?, &[&name]).await?;
+    let rows = client.query(&stmt(client, "SELECT * FROM queen.lock_holders_v2($1)").await?, &[&name]).await?;
     Ok(rows
         .iter()
-        .map(|r| Holder { slot: r.get(0), owner: r.get(1), token: r.get(2), since: r.get(3), expires_at: r.get(4), renewed_at: r.get(5) })
+        .map(|r| Holder { slot: r.get(0), owner: r.get(1), token: r.get(2), since: r.get(3), expires_at: r.get(4), renewed_at: r.get(5), sub: r.get(6) })
         .collect())
 }
 
@@ -131,16 +148,17 @@ fn holders_json(h: &[Holder]) -> Value {
     Value::Array(h.iter().map(Holder::json).collect())
 }
 
-/// Runs each operation in turn (each is atomic on its own); one result per
+/// Runs each operation in turn (each is atomic on its own) for the caller
+/// `sub` (its JWT subject; None without authentication); one result per
 /// operation.
-pub async fn run(pool: &Pool, ops: &[LockOp]) -> Result<Vec<Value>, DbError> {
+pub async fn run(pool: &Pool, ops: &[LockOp], sub: Option<&str>) -> Result<Vec<Value>, DbError> {
     let client = pool.get().await?;
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         results.push(match op {
             LockOp::Acquire { name, ttl, owner, limit } => {
                 let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                let row = client.query_opt(&stmt(&client, "SELECT * FROM queen.lock_acquire_v1($1, $2, $3, $4)").await?, &[name, ttl, &owner, limit]).await?;
+                let row = client.query_opt(&stmt(&client, "SELECT * FROM queen.lock_acquire_v2($1, $2, $3, $4, $5)").await?, &[name, ttl, &owner, limit, &sub]).await?;
                 match row {
                     Some(r) => {
                         let (slot, token, already): (i32, i64, bool) = (r.get(0), r.get(1), r.get(2));
@@ -157,13 +175,13 @@ pub async fn run(pool: &Pool, ops: &[LockOp]) -> Result<Vec<Value>, DbError> {
             }
             LockOp::Renew { name, token, ttl, slot, owner } => {
                 let current = holders(&client, name).await?;
-                let mine = current.iter().find(|h| h.token == *token && slot.is_none_or(|s| s == h.slot));
+                let mine = current.iter().find(|h| h.answers_to(*token, *slot, sub));
                 let renewed = match mine {
                     None => None,
                     Some(h) => {
                         let owner = owner.clone().or_else(|| h.owner.clone());
-                        let put = stmt(&client, "SELECT applied, version, expires_at FROM queen.kv_put_v1($1, $2, jsonb_build_object('owner', $3::text), $4, $5)").await?;
-                        let r = client.query_one(&put, &[&NAMESPACE, &format!("{name}#{}", h.slot), &owner, ttl, token]).await?;
+                        let put = stmt(&client, "SELECT applied, version, expires_at FROM queen.kv_put_v1($1, $2, jsonb_build_object('owner', $3::text, 'sub', $6::text), $4, $5)").await?;
+                        let r = client.query_one(&put, &[&NAMESPACE, &format!("{name}#{}", h.slot), &owner, ttl, token, &sub]).await?;
                         r.get::<_, Option<bool>>(0).unwrap_or(false).then(|| (h.slot, r.get::<_, i64>(1), r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(2)))
                     }
                 };
@@ -176,7 +194,7 @@ pub async fn run(pool: &Pool, ops: &[LockOp]) -> Result<Vec<Value>, DbError> {
             }
             LockOp::Release { name, token, slot } => {
                 let current = holders(&client, name).await?;
-                let released = match current.iter().find(|h| h.token == *token && slot.is_none_or(|s| s == h.slot)) {
+                let released = match current.iter().find(|h| h.answers_to(*token, *slot, sub)) {
                     None => false,
                     Some(h) => client
                         .query_one(&stmt(&client, "SELECT applied FROM queen.kv_delete_v1($1, $2, $3)").await?, &[&NAMESPACE, &format!("{name}#{}", h.slot), token])
