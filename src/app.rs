@@ -127,10 +127,11 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| BootError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(BootError::Serve)?;
     let encryption = crate::crypto::Encryption::new(config.encryption.as_ref());
+    // Before the first push: a broker that has not loaded which queues
+    // encrypt would write their payloads in the clear (one with a key), or
+    // not know to refuse them (one without).
+    encryption.refresh(&store.pool).await?;
     if let Some(ring) = encryption.ring() {
-        // Before the first push: a broker that has not loaded which queues
-        // encrypt would write their payloads in the clear.
-        encryption.refresh(&store.pool).await?;
         tracing::info!(key = %ring.current_id(), "encryption at rest: payloads of queues with encryptionEnabled are sealed under this key");
     }
     let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone(), encryption.clone());

@@ -258,6 +258,34 @@ async fn the_spool_holds_no_plaintext_of_an_encrypted_queue_and_replays_it() {
     assert_eq!(b.pop("/api/v1/pop/queue/spool-vault?batch=5").await.data(), vec![payload(5)]);
 }
 
+/// Issue 45: a broker started without the key, on the database of one that
+/// has it, refused to turn encryption on but wrote an encrypting queue's
+/// pushes in the clear. Every way in is refused with 503 and nothing lands.
+#[tokio::test]
+async fn a_keyless_broker_refuses_to_write_an_encrypting_queue_in_the_clear() {
+    let a = with_key(&[]).await;
+    encrypt(&a, "vault", json!({})).await;
+    let keyless = on_db(&a.db, &[]).await;
+    let one = json!({"items": [{"queue": "vault", "payload": payload(1)}]});
+    for _ in 0..2 {
+        let (status, body) = keyless.post("/api/v1/push", one.clone()).await;
+        assert_eq!((status, body["code"].clone()), (503, json!("encryption_key_missing")), "{body}");
+        assert!(body["error"].as_str().unwrap().contains("\"vault\"") && body["error"].as_str().unwrap().contains("QUEEN_ENCRYPTION_KEY"), "{body}");
+    }
+    let (status, body) = keyless
+        .post("/api/v1/transaction", json!({"operations": [{"type": "push", "items": [{"queue": "vault", "payload": payload(2)}]}]}))
+        .await;
+    assert_eq!((status, body["code"].clone()), (503, json!("encryption_key_missing")), "{body}");
+    // A plain queue beside it is not affected.
+    assert_eq!(keyless.post("/api/v1/push", json!({"items": [{"queue": "open", "payload": 3}]})).await.0, 201);
+    assert!(stored_frames(&a, "vault").await.is_empty(), "nothing of the encrypting queue was written");
+    let said = keyless.logs().iter().filter(|l| l.contains("no QUEEN_ENCRYPTION_KEY")).count();
+    assert_eq!(said, 1, "logged once, not per push");
+    // Through the broker with the key, the same push is sealed.
+    assert_eq!(a.post("/api/v1/push", one).await.0, 201);
+    assert!(stored_frames(&a, "vault").await[0].0);
+}
+
 #[tokio::test]
 async fn without_a_key_encryption_is_refused_and_a_malformed_key_stops_the_boot() {
     let b = Broker::start().await;

@@ -43,6 +43,9 @@ pub enum TxnError {
     /// A rider of a switched-off family (403): the message names it.
     #[error("{0}")]
     RidersDisabled(&'static str),
+    /// A push to a queue that encrypts, on a broker without the key (503).
+    #[error(transparent)]
+    NoKey(crate::crypto::NoKeyToSeal),
     /// A rider touching what it may not (403): the locks' namespace.
     #[error("{0}")]
     Forbidden(String),
@@ -327,7 +330,7 @@ pub async fn push_in(
     items: &[PushItem<'_>],
     producer: Option<&str>,
 ) -> Result<Result<Written, String>, TxnError> {
-    let plan = PushPlan::new(items, producer, coalescer.encryption());
+    let plan = PushPlan::new(items, producer, coalescer.encryption()).map_err(TxnError::NoKey)?;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
     let mut pushed = Vec::new();
     for g in &plan.groups {

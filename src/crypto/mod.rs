@@ -208,10 +208,23 @@ pub fn write_frame_payload(ring: Option<&KeyRing>, frame: &crate::log::Frame<'_>
 /// `QUEEN_CACHE_REFRESH_INTERVAL_MS` for changes made through other brokers
 /// (docs/DECISIONS.md "Encryption at rest"). Without a key the set stays
 /// empty and a push pays one atomic load.
+///
+/// A broker without a key loads the set too: a push to a queue another
+/// broker encrypts would otherwise be written in the clear, silently. It is
+/// refused instead ([`NoKeyToSeal`]), and said once in the log.
 #[derive(Default)]
 pub struct Encryption {
     ring: Option<KeyRing>,
     queues: crate::cache::Reloaded<HashSet<String>>,
+    /// Whether the missing key was logged already.
+    warned: std::sync::atomic::AtomicBool,
+}
+
+/// A push to a queue that seals its payloads, on a broker without a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("queue {queue:?} encrypts its payloads (encryptionEnabled) and this broker has no encryption key (QUEEN_ENCRYPTION_KEY): nothing was written; push through a broker that has the key")]
+pub struct NoKeyToSeal {
+    pub queue: String,
 }
 
 impl Encryption {
@@ -224,10 +237,21 @@ impl Encryption {
         self.ring.as_ref()
     }
 
-    /// The ring to seal `queue`'s payloads with, when that queue encrypts.
-    pub fn sealing(&self, queue: &str) -> Option<&KeyRing> {
-        let ring = self.ring.as_ref()?;
-        self.queues.read(|set| set.contains(queue).then_some(ring))
+    /// The ring to seal `queue`'s payloads with when that queue encrypts,
+    /// None when it does not; an error when it does and there is no key.
+    pub fn sealing(&self, queue: &str) -> Result<Option<&KeyRing>, NoKeyToSeal> {
+        if self.queues.read(|set| set.contains(queue).then_some(())).is_none() {
+            return Ok(None);
+        }
+        match &self.ring {
+            Some(ring) => Ok(Some(ring)),
+            None => {
+                if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::error!(queue, "a queue encrypts its payloads and this broker has no QUEEN_ENCRYPTION_KEY: its pushes are refused (503)");
+                }
+                Err(NoKeyToSeal { queue: queue.to_string() })
+            }
+        }
     }
 
     /// A configure on this broker: effective for the next push.
@@ -241,12 +265,9 @@ impl Encryption {
         });
     }
 
-    /// Reloads the queues that encrypt (a broker without a key has nothing
-    /// to load: it refuses to turn encryption on, and cannot seal).
+    /// Reloads the queues that encrypt (a broker without a key loads them
+    /// too, to refuse their pushes).
     pub async fn refresh(&self, pool: &deadpool_postgres::Pool) -> Result<(), crate::db::DbError> {
-        if self.ring.is_none() {
-            return Ok(());
-        }
         let since = self.queues.generation();
         let client = pool.get().await?;
         let rows = client.query("SELECT name FROM queen.queues WHERE encryption_enabled", &[]).await?;
@@ -326,17 +347,19 @@ mod tests {
     }
 
     #[test]
-    fn only_configured_queues_seal_and_only_with_a_key() {
+    fn only_configured_queues_seal_and_a_keyless_broker_refuses_them() {
         let keys = EncryptionKeys { current: [9; 32], older: vec![] };
         let e = Encryption::new(Some(&keys));
-        assert!(e.sealing("q").is_none());
+        assert!(e.sealing("q").unwrap().is_none());
         e.set("q", true);
-        assert!(e.sealing("q").is_some());
-        assert!(e.sealing("other").is_none());
+        assert!(e.sealing("q").unwrap().is_some());
+        assert!(e.sealing("other").unwrap().is_none());
         e.set("q", false);
-        assert!(e.sealing("q").is_none());
+        assert!(e.sealing("q").unwrap().is_none());
+        // Without a key, an encrypting queue is refused, never written in the clear.
         let keyless = Encryption::new(None);
         keyless.set("q", true);
-        assert!(keyless.sealing("q").is_none());
+        assert_eq!(keyless.sealing("q").err(), Some(NoKeyToSeal { queue: "q".into() }));
+        assert!(keyless.sealing("other").unwrap().is_none());
     }
 }

@@ -417,6 +417,7 @@ pub async fn transaction(
         }
         Err(TxnError::BadRequest(e)) => Ok(refused(StatusCode::BAD_REQUEST, e)),
         Err(e @ (TxnError::RidersDisabled(_) | TxnError::Forbidden(_))) => Ok(refused(StatusCode::FORBIDDEN, e.to_string())),
+        Err(TxnError::NoKey(k)) => Err(ApiError::NoKey(k.to_string())),
         Err(TxnError::Db(e)) => Err(e.into()),
     }
 }

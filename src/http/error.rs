@@ -32,6 +32,11 @@ pub enum ApiError {
     /// The database or the broker failed; the client may retry.
     #[error("{0}")]
     Internal(String),
+    /// A push to a queue that encrypts, on a broker without the key: 503
+    /// `encryption_key_missing`, without Retry-After (the same broker will
+    /// answer the same until it is given the key).
+    #[error("{0}")]
+    NoKey(String),
     /// An encrypted payload did not open (crypto::OpenError); 500 naming
     /// the partition.
     #[error("decrypt failed")]
@@ -46,7 +51,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NoKey(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Pool | ApiError::Internal(_) | ApiError::Decrypt { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -58,6 +63,7 @@ impl From<&crate::push::PushError> for ApiError {
         match e {
             // An outage or a busy pool answers as on every route.
             PushError::Db(db) if db.unavailable() || matches!(db, crate::db::DbError::Pool(_)) => ApiError::from_db(db),
+            PushError::NoKey(k) => ApiError::NoKey(k.to_string()),
             other => ApiError::Internal(format!("push failed: {other}")),
         }
     }
@@ -103,6 +109,8 @@ impl IntoResponse for ApiError {
             if let Some(skipped) = OUTAGE.admit() {
                 tracing::warn!(error = %self, skipped, "request answered 503: the database is unavailable");
             }
+        } else if matches!(self, ApiError::NoKey(_)) {
+            // Logged once, where the refusal is decided (crypto::Encryption::sealing).
         } else if self.status().is_server_error() {
             tracing::warn!(error = %self, "request failed");
         }
@@ -111,6 +119,7 @@ impl IntoResponse for ApiError {
                 json!({ "error": self.to_string(), "partitionId": partition_id.to_string(), "detail": detail })
             }
             ApiError::Unavailable(_) => json!({ "error": self.to_string(), "code": "database_unavailable" }),
+            ApiError::NoKey(_) => json!({ "error": self.to_string(), "code": "encryption_key_missing" }),
             _ => json!({ "error": self.to_string() }),
         };
         if matches!(self, ApiError::Unavailable(_)) {

@@ -108,6 +108,7 @@ pub async fn cycle(State(state): State<AppState>, headers: HeaderMap, raw: axum:
             Ok(Json(done.answer).into_response())
         }
         Err(crate::ack::transaction::TxnError::Db(e)) => Err(e.into()),
+        Err(crate::ack::transaction::TxnError::NoKey(k)) => Err(super::error::ApiError::NoKey(k.to_string())),
         Err(e) => Ok(refused(StatusCode::BAD_REQUEST, e.to_string())),
     }
 }

@@ -64,7 +64,9 @@ pub struct PlanGroup {
 }
 
 impl<'a> PushPlan<'a> {
-    pub fn new(items: &'a [PushItem<'a>], producer: Option<&str>, encryption: &crate::crypto::Encryption) -> PushPlan<'a> {
+    /// The plan of a push, or the refusal of one whose queue encrypts on a
+    /// broker without a key (nothing written).
+    pub fn new(items: &'a [PushItem<'a>], producer: Option<&str>, encryption: &crate::crypto::Encryption) -> Result<PushPlan<'a>, crate::crypto::NoKeyToSeal> {
         let message_ids: Vec<Uuid> = items.iter().map(|i| i.message_id.unwrap_or_else(Uuid::now_v7)).collect();
         let txns: Vec<Cow<'a, str>> = items
             .iter()
@@ -103,7 +105,7 @@ impl<'a> PushPlan<'a> {
         }
         let mut sealed = Vec::new();
         for g in &groups {
-            let Some(ring) = encryption.sealing(&g.queue) else { continue };
+            let Some(ring) = encryption.sealing(&g.queue)? else { continue };
             sealed.resize(items.len(), None);
             for &idx in &g.leaders {
                 // Bound to the message id: an envelope moved onto another
@@ -111,7 +113,7 @@ impl<'a> PushPlan<'a> {
                 sealed[idx] = Some(ring.seal(items[idx].payload.as_bytes(), message_ids[idx].as_bytes()));
             }
         }
-        PushPlan { message_ids, txns, hashes, groups, followers, producer: producer.map(str::to_string), sealed }
+        Ok(PushPlan { message_ids, txns, hashes, groups, followers, producer: producer.map(str::to_string), sealed })
     }
 
     /// Whether `group`'s payloads are sealed (a group is one queue's, so
@@ -204,7 +206,7 @@ pub async fn push_items_prepacked<'a>(
     prepacked: &[crate::log::binary::FramedGroup],
 ) -> Result<Vec<ItemResult<'a>>, Arc<PushError>> {
     let n = items.len();
-    let plan = PushPlan::new(items, producer, coalescer.encryption());
+    let plan = PushPlan::new(items, producer, coalescer.encryption()).map_err(|e| Arc::new(PushError::NoKey(e)))?;
     let PushPlan { groups, hashes, message_ids, .. } = &plan;
 
     // Encode and submit every chunk before awaiting any.
@@ -331,7 +333,7 @@ mod tests {
             item("b", None, Some(client_id)),
             item("b", None, Some(client_id)), // the client's id twice: follows item 5
         ];
-        let plan = PushPlan::new(&items, None, &crate::crypto::Encryption::default());
+        let plan = PushPlan::new(&items, None, &crate::crypto::Encryption::default()).unwrap();
         let leaders: Vec<(&str, Vec<usize>)> = plan.groups.iter().map(|g| (g.partition.as_str(), g.leaders.clone())).collect();
         assert_eq!(leaders, vec![("a", vec![0, 1, 4]), ("b", vec![2, 5])]);
         assert_eq!(plan.followers, vec![(3, 0), (6, 5)]);

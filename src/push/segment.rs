@@ -52,6 +52,9 @@ pub enum PushError {
     /// A string that skipped its check at the edge (a bug, not bad input).
     #[error("a message could not be framed: {0}")]
     Frame(#[from] crate::log::FrameTooLong),
+    /// The queue encrypts and this broker has no key (503, nothing written).
+    #[error(transparent)]
+    NoKey(crate::crypto::NoKeyToSeal),
 }
 
 impl PushError {

@@ -266,7 +266,7 @@ impl Spool {
             if n > 0 {
                 line.push(b',');
             }
-            let (payload, sealed) = match self.encryption.sealing(&item.queue) {
+            let (payload, sealed) = match self.encryption.sealing(&item.queue).map_err(|e| SpoolError::Push(e.to_string()))? {
                 Some(ring) => (None, Some(base64::engine::general_purpose::STANDARD.encode(ring.seal(item.payload.as_bytes(), txn.as_bytes())))),
                 None => (Some(serde_json::from_str::<&RawValue>(item.payload).map_err(|e| SpoolError::Push(e.to_string()))?), None),
             };

@@ -77,7 +77,7 @@ pub async fn tick(
                 message_id: Some(d.message_id),
             })
             .collect();
-        let plan = PushPlan::new(&items, producer.as_deref(), coalescer.encryption());
+        let plan = PushPlan::new(&items, producer.as_deref(), coalescer.encryption()).map_err(|e| DbError::Unexpected(e.to_string()))?;
         for g in &plan.groups {
             let mut leaders = g.leaders.clone();
             // Each round drops what the partition already holds; bounded by
