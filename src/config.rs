@@ -119,6 +119,9 @@ pub struct AuthConfig {
     pub role_read_write: String,
     pub role_read_only: String,
     pub role_write_only: String,
+    /// `METRICS_PUBLIC`: `/metrics` and `/metrics/prometheus` without a
+    /// token (default, as upstream), or at read-only (false).
+    pub metrics_public: bool,
 }
 
 impl Default for AuthConfig {
@@ -138,6 +141,7 @@ impl Default for AuthConfig {
             role_read_write: "read-write".into(),
             role_read_only: "read-only".into(),
             role_write_only: "write-only".into(),
+            metrics_public: true,
         }
     }
 }
@@ -362,6 +366,7 @@ fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig
         role_read_write: env.string(&["JWT_ROLE_READ_WRITE"], &d.role_read_write),
         role_read_only: env.string(&["JWT_ROLE_READ_ONLY"], &d.role_read_only),
         role_write_only: env.string(&["JWT_ROLE_WRITE_ONLY"], &d.role_write_only),
+        metrics_public: env.boolean(&["METRICS_PUBLIC"], true)?,
     };
     if cfg.enabled {
         let hmac = matches!(cfg.algorithm, Some(HS256 | HS384 | HS512));
@@ -636,6 +641,7 @@ impl Config {
         ("JWT_ROLES_CLAIM", "role", "claim holding one role"),
         ("JWT_ROLES_ARRAY_CLAIM", "roles", "claim holding a list of roles"),
         ("JWT_ROLE_ADMIN", "admin", "role name of the admin level (also JWT_ROLE_READ_WRITE, JWT_ROLE_READ_ONLY, JWT_ROLE_WRITE_ONLY)"),
+        ("METRICS_PUBLIC", "true", "serve /metrics and /metrics/prometheus without a token; false: read-only (with JWT_ENABLED)"),
     ];
 
     /// The variable table as Markdown, as docs/CONFIGURATION.md holds it:

@@ -74,3 +74,49 @@ fn the_openapi_document_has_every_route_with_its_examples() {
     assert_eq!(push["schema"]["properties"]["items"]["type"], "array");
     assert_eq!(push["example"]["items"][0]["queue"], "orders");
 }
+
+/// Every route of the router has the access level docs/API.md gives it:
+/// the broker's rule (`auth::level`) is read for a concrete path of each
+/// route and compared with the page's Access column (its first word; the
+/// rest names a body-dependent level, tested in tests/auth.rs). A route
+/// added without a row, or a rule changed without the page, fails here
+/// (issue 45).
+#[test]
+fn every_route_has_the_access_level_the_api_page_gives_it() {
+    use queen::http::auth::{level, Level};
+    let page = include_str!("../docs/API.md");
+    let mut access = std::collections::BTreeMap::new();
+    for l in page.lines() {
+        let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+        if let (Some(m), Some(p), Some(a)) = (cells.get(1), cells.get(2), cells.get(3)) {
+            if ["GET", "POST", "DELETE", "PUT", "PATCH"].contains(m) && p.starts_with('`') {
+                access.insert((m.to_string(), p.trim_matches('`').to_string()), a.split([' ', ';']).next().unwrap().to_string());
+            }
+        }
+    }
+    let word = |l: Level| match l {
+        Level::Public => "public",
+        Level::ReadOnly => "read-only",
+        Level::WriteOnly => "write-only",
+        Level::ReadWrite => "read-write",
+        Level::Admin => "admin",
+    };
+    let mut wrong = Vec::new();
+    let routes = routes_in_the_router();
+    for (method, path) in &routes {
+        // A concrete request path: every {param} (and {*rest}) filled in.
+        let concrete: String = path
+            .split('/')
+            .map(|seg| if seg.starts_with('{') { if seg.starts_with("{*") { "a/b" } else { "x1" } } else { seg })
+            .collect::<Vec<_>>()
+            .join("/");
+        let m = axum::http::Method::from_bytes(method.as_bytes()).unwrap();
+        let rule = word(level(&m, &concrete));
+        match access.get(&(method.clone(), path.clone())) {
+            Some(a) if a == rule => {}
+            other => wrong.push(format!("{method} {path}: the broker says {rule}, the page {other:?}")),
+        }
+    }
+    assert!(routes.len() > 80, "the scan found the router's routes");
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

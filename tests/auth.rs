@@ -181,3 +181,61 @@ async fn a_timer_fires_as_a_message_of_the_subject_that_scheduled_it() {
     let popped = pop_as_admin(&b, "/api/v1/pop/queue/later?wait=true&timeout=5000").await;
     assert_eq!((popped["messages"][0]["producerSub"].clone(), popped["messages"][0]["data"].clone()), (json!("timer-service"), json!({"x": 1})));
 }
+
+/// `POST path body` with a token of `role`: status and body.
+async fn post_as(b: &Broker, role: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = b.http.post(format!("{}{path}", b.url)).header("authorization", format!("Bearer {}", token(role, "svc"))).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Issue 45: each destructive action is admin (or read-write where its
+/// durable twin is), also when the route's level depends on the body.
+#[tokio::test]
+async fn destructive_actions_need_the_level_of_their_durable_twin() {
+    use base64::Engine as _;
+    let b = jwt_broker(&[]).await;
+    let payload = base64::engine::general_purpose::STANDARD.encode("1");
+    let schedule = json!({"operations": [{"op": "schedule", "queue": "later", "timerKey": "k", "delayMs": 600000, "txn": "t1", "payload": payload}]});
+    assert_eq!(post_as(&b, "write-only", "/api/v1/timers", schedule).await.0, 200, "a producer schedules");
+    // A write-only producer cannot cancel another's timer; read-write can, as with DELETE.
+    let cancel = json!({"operations": [{"op": "cancel", "queue": "later", "timerKey": "k"}]});
+    let (status, body) = post_as(&b, "write-only", "/api/v1/timers", cancel.clone()).await;
+    assert_eq!((status, body), (403, json!({"error": "Insufficient permissions", "detail": "operations[0]: a cancel needs read-write"})));
+    let (status, peek) = call(&b, "GET", "/api/v1/timers/later/k", Some(&token("read-only", "svc"))).await;
+    assert_eq!((status, peek["timerKey"].clone()), (200, json!("k")), "the timer is still there: {peek}");
+    let (status, body) = post_as(&b, "read-write", "/api/v1/timers", cancel).await;
+    assert_eq!((status, body["results"][0]["status"].clone()), (200, json!("cancelled")), "{body}");
+    // Ephemeral reset and delete are admin, as a durable queue's delete.
+    assert_eq!(post_as(&b, "write-only", "/api/v1/ephemeral/push", json!({"queue": "ram", "messages": [{"payload": 1}]})).await.0, 200);
+    assert_eq!(post_as(&b, "read-write", "/api/v1/ephemeral/reset", json!({"queue": "ram"})).await.0, 403);
+    let del = |role: &'static str| {
+        let (http, url) = (b.http.clone(), format!("{}/api/v1/ephemeral/queue/ram", b.url));
+        async move { http.delete(url).header("authorization", format!("Bearer {}", token(role, "svc"))).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(del("read-write").await, 403);
+    let (status, body) = post_as(&b, "admin", "/api/v1/ephemeral/reset", json!({"queue": "ram"})).await;
+    assert_eq!((status, body["dropped"].clone()), (200, json!(1)), "{body}");
+    assert_eq!(del("admin").await, 200);
+    // A stream registration that resets deletes a consumer group: admin.
+    let register = |reset: bool, hash: &str| json!({"name": "totals", "source_queue": "src", "config_hash": hash, "reset": reset});
+    assert_eq!(post_as(&b, "read-write", "/streams/v1/queries", register(false, "h1")).await.0, 200);
+    let (status, body) = post_as(&b, "read-write", "/streams/v1/queries", register(true, "h2")).await;
+    assert_eq!((status, body["detail"].clone()), (403, json!("reset: discarding a query's state and cursors needs admin")));
+    let (status, body) = post_as(&b, "read-write", "/streams/v1/queries", register(false, "h2")).await;
+    assert_eq!(status, 409, "still registered with h1: {body}");
+    let (status, body) = post_as(&b, "admin", "/streams/v1/queries", register(true, "h2")).await;
+    assert_eq!((status, body["reset"].clone()), (200, json!(true)), "{body}");
+}
+
+#[tokio::test]
+async fn metrics_need_a_reader_when_metrics_public_is_off() {
+    let closed = jwt_broker(&[("METRICS_PUBLIC", "false")]).await;
+    for path in ["/metrics", "/metrics/prometheus"] {
+        assert_eq!(call(&closed, "GET", path, None).await.0, 401, "{path}");
+        assert_eq!(call(&closed, "GET", path, Some(&token("write-only", "svc"))).await.0, 403, "{path}");
+        assert_eq!(call(&closed, "GET", path, Some(&token("read-only", "svc"))).await.0, 200, "{path}");
+    }
+    assert_eq!(call(&closed, "GET", "/health", None).await.0, 200, "health stays public");
+    let open = jwt_broker(&[]).await;
+    assert_eq!(call(&open, "GET", "/metrics/prometheus", None).await.0, 200, "public by default, as upstream");
+}

@@ -34,10 +34,39 @@ pub enum Level {
 /// pushes, as `producerSub`, beside a transactionId of the same bound.
 pub const MAX_SUB_BYTES: usize = crate::push::validate::MAX_TRANSACTION_ID_BYTES;
 
-/// The caller, once verified.
-#[derive(Debug, Clone)]
+/// The caller, once verified: its subject, and which levels its roles
+/// grant (for the routes whose level depends on the body: a timer cancel,
+/// a stream registration that resets).
+#[derive(Debug, Clone, Default)]
 pub struct Principal {
     pub sub: Option<String>,
+    /// The levels granted, indexed by `Level as usize`.
+    granted: [bool; 5],
+}
+
+impl Principal {
+    /// Whether the caller's roles reach `need`.
+    pub fn may(&self, need: Level) -> bool {
+        self.granted[need as usize]
+    }
+}
+
+/// Whether the caller of a request may do what needs `need`: always when
+/// authentication is off (no principal was recorded), else by its roles.
+pub fn permits(principal: Option<&Principal>, need: Level) -> bool {
+    principal.is_none_or(|p| p.may(need))
+}
+
+/// The 403 of a body-dependent level: which part of the request needs more.
+pub fn insufficient(detail: &str) -> Response {
+    (StatusCode::FORBIDDEN, Json(json!({ "error": "Insufficient permissions", "detail": detail }))).into_response()
+}
+
+/// Whether `/metrics` and `/metrics/prometheus` are served without a
+/// token (`METRICS_PUBLIC`, default true, as upstream); false makes them
+/// read-only.
+fn metrics_path(path: &str) -> bool {
+    matches!(path, "/metrics" | "/metrics/prometheus")
 }
 
 /// The level of a request (the route map of API.md §1.1).
@@ -53,6 +82,9 @@ pub fn level(method: &Method, path: &str) -> Level {
         || path.starts_with("/internal/")
         || (delete && (path.starts_with("/api/v1/consumer-groups/") || path.starts_with("/api/v1/resources/queues/") || path == "/api/v1/dlq"))
         || (post && path == "/api/v1/stats/refresh")
+        // Ephemeral queues lose their messages as a durable queue does.
+        || (post && path == "/api/v1/ephemeral/reset")
+        || (delete && path.starts_with("/api/v1/ephemeral/queue/"))
     {
         return Level::Admin;
     }
@@ -153,8 +185,9 @@ pub fn check(state: &AppState, req: &mut Request) -> Result<(), Response> {
         return Ok(());
     }
     let path = req.uri().path().to_string();
-    let need = level(req.method(), &path);
-    if need == Level::Public || cfg.skip_paths.iter().any(|p| p == &path) {
+    let private_metrics = !cfg.metrics_public && metrics_path(&path);
+    let need = if private_metrics { Level::ReadOnly } else { level(req.method(), &path) };
+    if need == Level::Public || (!private_metrics && cfg.skip_paths.iter().any(|p| p == &path)) {
         return Ok(());
     }
     let Some(raw) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
@@ -169,16 +202,18 @@ pub fn check(state: &AppState, req: &mut Request) -> Result<(), Response> {
         Ok(c) => c,
         Err(reason) => return Err(deny(StatusCode::UNAUTHORIZED, &reason)),
     };
-    if !allows(&roles_of(&claims, cfg), cfg, need) {
+    let roles = roles_of(&claims, cfg);
+    if !allows(&roles, cfg, need) {
         return Err(deny(StatusCode::FORBIDDEN, "Insufficient permissions"));
     }
+    let granted = [Level::Public, Level::ReadOnly, Level::WriteOnly, Level::ReadWrite, Level::Admin].map(|l| allows(&roles, cfg, l));
     let sub = claims.get("sub").and_then(Value::as_str).map(str::to_string);
     // The subject is stamped into every frame this caller pushes; a frame's
     // strings are bounded, so an over-long one is refused here, not there.
     if sub.as_ref().is_some_and(|s| s.len() > MAX_SUB_BYTES) {
         return Err(deny(StatusCode::UNAUTHORIZED, &format!("Invalid token: sub is longer than {MAX_SUB_BYTES} bytes")));
     }
-    req.extensions_mut().insert(Principal { sub });
+    req.extensions_mut().insert(Principal { sub, granted });
     Ok(())
 }
 
@@ -207,6 +242,9 @@ mod tests {
             (Method::POST, "/api/v1/consumer-groups/g/queues/q/seek", ReadWrite),
             (Method::DELETE, "/api/v1/messages/1/t", ReadWrite),
             (Method::DELETE, "/api/v1/dlq", Admin),
+            (Method::POST, "/api/v1/ephemeral/reset", Admin),
+            (Method::DELETE, "/api/v1/ephemeral/queue/q", Admin),
+            (Method::POST, "/api/v1/ephemeral/configure", ReadWrite),
             (Method::GET, "/api/v1/dlq", ReadOnly),
             (Method::POST, "/api/v1/dlq/7/replay", ReadWrite),
         ];

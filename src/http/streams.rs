@@ -27,7 +27,12 @@ async fn body(state: &AppState, headers: &HeaderMap, raw: axum::body::Body) -> R
 }
 
 /// `POST /streams/v1/queries`.
-pub async fn register(State(state): State<AppState>, headers: HeaderMap, raw: axum::body::Body) -> Result<Response, ApiError> {
+pub async fn register(
+    State(state): State<AppState>,
+    principal: Option<axum::Extension<super::auth::Principal>>,
+    headers: HeaderMap,
+    raw: axum::body::Body,
+) -> Result<Response, ApiError> {
     let v = match body(&state, &headers, raw).await {
         Ok(v) => v,
         Err(r) => return Ok(r),
@@ -36,6 +41,11 @@ pub async fn register(State(state): State<AppState>, headers: HeaderMap, raw: ax
         Ok(r) => r,
         Err(e) => return Ok(refused(StatusCode::BAD_REQUEST, e)),
     };
+    // A reset deletes the query's consumer group, as DELETE
+    // /api/v1/consumer-groups/… does: admin.
+    if r.reset && !super::auth::permits(principal.as_ref().map(|p| &p.0), super::auth::Level::Admin) {
+        return Ok(super::auth::insufficient("reset: discarding a query's state and cursors needs admin"));
+    }
     match streams::register(&state.pool, &r.name, &r.source, r.sink.as_deref(), &r.hash, r.reset).await? {
         Registered::Conflict { stored_hash } => Ok(refused(
             StatusCode::CONFLICT,

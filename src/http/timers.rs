@@ -34,6 +34,13 @@ pub async fn batch(State(state): State<AppState>, principal: Option<axum::Extens
         Ok(ops) => ops,
         Err(detail) => return bad(detail),
     };
+    // Scheduling is a producer's (write-only); cancelling destroys what
+    // another scheduled, as DELETE /api/v1/timers/… does: read-write.
+    if let Some(i) = ops.iter().position(|op| matches!(op, TimerOp::Cancel { .. })) {
+        if !super::auth::permits(principal.as_ref().map(|p| &p.0), super::auth::Level::ReadWrite) {
+            return super::auth::insufficient(&format!("operations[{i}]: a cancel needs read-write"));
+        }
+    }
     let producer = principal.and_then(|p| p.0.sub);
     // One transaction: a call is applied whole or not at all, also when the
     // database fails half-way through it.
