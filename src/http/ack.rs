@@ -357,15 +357,16 @@ pub async fn extend_lease(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    // Empty, absent or unparseable: 60 seconds.
-    let seconds = json_body(&state, &headers, body)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|v| v.get("seconds").and_then(Value::as_i64))
-        .filter(|s| *s > 0)
-        .unwrap_or(60)
-        .min(i32::MAX as i64) as i32;
+    // No body, `{}` or `seconds: null`: 60 seconds. Anything else is the
+    // number of seconds or a 400 naming it (it used to extend by 60 s).
+    use crate::pop::params::MAX_LEASE_SECONDS;
+    let seconds = match json_body(&state, &headers, body).await?.as_ref().map(|v| v.get("seconds")) {
+        None | Some(None) | Some(Some(Value::Null)) => 60,
+        Some(Some(v)) => match v.as_i64() {
+            Some(s) if (1..=MAX_LEASE_SECONDS).contains(&s) => s as i32,
+            _ => return Err(ApiError::BadRequest(format!("seconds: a whole number from 1 to {MAX_LEASE_SECONDS}, got {v}"))),
+        },
+    };
     let (renewed, expires) = state.ack.extend(&lease_id, seconds).await.map_err(ApiError::from)?;
     let at = expires.map(|t| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string());
     Ok(Json(json!({"leaseId": lease_id, "success": renewed > 0, "renewed": renewed,

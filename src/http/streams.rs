@@ -73,7 +73,13 @@ pub async fn state_get(State(state): State<AppState>, headers: HeaderMap, raw: a
         Err(r) => return Ok(r),
     };
     match parse::state_get(&v) {
-        Ok(q) => Ok(Json(streams::state(&state.pool, &q).await?).into_response()),
+        Ok(q) if q.keys.len() > streams::STATE_GET_MAX_ROWS as usize => {
+            Ok(refused(StatusCode::PAYLOAD_TOO_LARGE, format!("keys: at most {} per call, got {}", streams::STATE_GET_MAX_ROWS, q.keys.len())))
+        }
+        Ok(q) => match streams::state(&state.pool, &q).await? {
+            Ok(answer) => Ok(Json(answer).into_response()),
+            Err(too_much) => Ok(refused(StatusCode::PAYLOAD_TOO_LARGE, too_much)),
+        },
         Err(e) => Ok(refused(StatusCode::BAD_REQUEST, e)),
     }
 }

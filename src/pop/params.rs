@@ -14,6 +14,14 @@ pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
 pub const DEFAULT_BATCH: i32 = 200;
 /// Largest budget one call may ask for.
 pub const MAX_BATCH: i32 = 10_000;
+/// The longest long-poll a pop may ask for (`timeout`, ms): an hour. A
+/// parked pop holds a connection and an in-flight permit; past this a
+/// client should poll again.
+pub const MAX_TIMEOUT_MS: i64 = 3_600_000;
+/// The longest lease a pop (`leaseSeconds`) or a lease extension
+/// (`seconds`) may ask for: a week. Longer, a crashed consumer's messages
+/// would be out of reach for longer than any retention.
+pub const MAX_LEASE_SECONDS: i64 = 7 * 86_400;
 
 /// Which partitions a pop may claim from.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,11 +97,18 @@ impl PopParams {
         let partitions = int("partitions")?.map_or(1, |p| p.clamp(0, i32::MAX as i64) as i32);
         let timeout = match int("timeout")? {
             None => cfg.default_timeout,
-            Some(t) if t >= 0 => Duration::from_millis(t as u64),
-            Some(t) => return Err(format!("timeout: must not be negative, got {t}")),
+            Some(t) if (0..=MAX_TIMEOUT_MS).contains(&t) => Duration::from_millis(t as u64),
+            Some(t) => return Err(format!("timeout: must be from 0 to {MAX_TIMEOUT_MS} ms, got {t}")),
         };
-        let lease_seconds = int("leaseSeconds")?.filter(|s| *s > 0).map(|s| s.min(i32::MAX as i64) as i32);
+        let lease_seconds = match int("leaseSeconds")? {
+            Some(s) if s > MAX_LEASE_SECONDS => return Err(format!("leaseSeconds: at most {MAX_LEASE_SECONDS}, got {s}")),
+            // Zero or less: the queue's leaseTime, as before.
+            s => s.filter(|s| *s > 0).map(|s| s as i32),
+        };
         let group = get("consumerGroup").filter(|g| !g.is_empty()).unwrap_or(QUEUE_MODE).to_string();
+        // A group name keys a cursor row and a candidate ring: bounded as a
+        // queue name is.
+        crate::push::validate::check_name(&group).map_err(|e| format!("consumerGroup: {e}"))?;
         let mode = match get("subscriptionMode") {
             None | Some("") => None,
             Some(m) => Some(

@@ -46,10 +46,20 @@ pub fn default_group(name: &str) -> String {
     format!("streams.{name}")
 }
 
+/// Most rows one `state/get` answers.
+pub const STATE_GET_MAX_ROWS: i64 = 10_000;
+/// Most bytes of keys and values one `state/get` answers.
+pub const STATE_GET_MAX_BYTES: usize = 16 << 20;
+
 /// `POST /streams/v1/state/get`: rows of (query, partition), all or the
 /// named keys, with a key prefix, and only window rows due at or before a
 /// time (epoch ms).
-pub async fn state(pool: &Pool, q: &parse::StateGet) -> Result<Value, DbError> {
+///
+/// Bounded: more than [`STATE_GET_MAX_ROWS`] rows or
+/// [`STATE_GET_MAX_BYTES`] bytes is `Ok(Err(reason))`, a 413, never a
+/// truncated answer (the clients read the rows as the whole state, so a
+/// silent cut would lose state).
+pub async fn state(pool: &Pool, q: &parse::StateGet) -> Result<Result<Value, String>, DbError> {
     let client = pool.get().await?;
     let read = stmt(
         &client,
@@ -58,18 +68,27 @@ pub async fn state(pool: &Pool, q: &parse::StateGet) -> Result<Value, DbError> {
            AND (cardinality($3::text[]) = 0 OR key = ANY($3))
            AND ($4::text IS NULL OR starts_with(key, $4))
            AND ($5::bigint IS NULL OR ripe_at <= $5)
-         ORDER BY key",
+         ORDER BY key
+         LIMIT $6",
     )
     .await?;
-    let rows = client.query(&read, &[&q.query, &q.partition_id, &q.keys, &q.prefix, &q.ripe_at_or_before]).await?;
-    let rows: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            json!({"key": r.get::<_, String>(0), "value": serde_json::from_str::<Value>(r.get(1)).unwrap_or(Value::Null),
-                   "updated_at": crate::admin::iso_ms(r.get(2))})
-        })
-        .collect();
-    Ok(json!({"success": true, "rows": rows}))
+    let rows = client.query(&read, &[&q.query, &q.partition_id, &q.keys, &q.prefix, &q.ripe_at_or_before, &(STATE_GET_MAX_ROWS + 1)]).await?;
+    if rows.len() as i64 > STATE_GET_MAX_ROWS {
+        return Ok(Err(format!("more than {STATE_GET_MAX_ROWS} state rows match; name the keys, or narrow key_prefix or ripe_at_or_before")));
+    }
+    let mut bytes = 0usize;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let (key, value): (String, &str) = (r.get(0), r.get(1));
+        bytes += key.len() + value.len();
+        if bytes > STATE_GET_MAX_BYTES {
+            return Ok(Err(format!("the matching state rows hold more than {STATE_GET_MAX_BYTES} bytes; name fewer keys, or narrow key_prefix or ripe_at_or_before")));
+        }
+        // A stored value is JSON the broker wrote; one that does not parse is a bad row, said so.
+        let value = serde_json::from_str::<Value>(value).map_err(|e| DbError::Unexpected(format!("stream state row {key:?}: {e}")))?;
+        out.push(json!({"key": key, "value": value, "updated_at": crate::admin::iso_ms(r.get(2))}));
+    }
+    Ok(Ok(json!({"success": true, "rows": out})))
 }
 
 /// One state op of a cycle.
