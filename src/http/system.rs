@@ -131,10 +131,10 @@ fn buffers(state: &AppState) -> Value {
     match &state.spool {
         Some(spool) => {
             let s = spool.stats();
-            json!({"available": true, "dir": s.dir, "files": s.files, "bytes": s.bytes, "pending": s.pending,
+            json!({"available": true, "dir": s.dir, "files": s.files, "bytes": s.bytes, "pending": s.pending, "quarantined": s.quarantined,
                    "pushMaintenance": state.push_maintenance()})
         }
-        None => json!({"available": false, "dir": null, "files": 0, "bytes": 0, "pending": false,
+        None => json!({"available": false, "dir": null, "files": 0, "bytes": 0, "pending": false, "quarantined": 0,
                        "pushMaintenance": state.push_maintenance()}),
     }
 }

@@ -26,6 +26,7 @@ pub const GROUP_LAG_SECONDS: &str = "queen_consumer_lag_seconds";
 pub const SPOOL_FILES: &str = "queen_spool_files";
 pub const SPOOL_BYTES: &str = "queen_spool_bytes";
 pub const SPOOL_PENDING: &str = "queen_spool_pending";
+pub const SPOOL_QUARANTINED: &str = "queen_spool_quarantined_files";
 
 /// One pass: reads the log's figures and sets every gauge.
 pub async fn tick(pool: &Pool, spool: Option<&Arc<Spool>>) -> Result<bool, DbError> {
@@ -34,6 +35,7 @@ pub async fn tick(pool: &Pool, spool: Option<&Arc<Spool>>) -> Result<bool, DbErr
         metrics::gauge!(SPOOL_FILES).set(s.files as f64);
         metrics::gauge!(SPOOL_BYTES).set(s.bytes as f64);
         metrics::gauge!(SPOOL_PENDING).set(if s.pending { 1.0 } else { 0.0 });
+        metrics::gauge!(SPOOL_QUARANTINED).set(s.quarantined as f64);
     }
     let client = pool.get().await?;
     // The slowest cursor of every partition in one grouped pass, joined by

@@ -89,7 +89,14 @@ pub struct SpoolStats {
     pub bytes: u64,
     /// This broker has spooled work waiting for replay.
     pub pending: bool,
+    /// Files moved to `quarantine/` because a line in them does not parse.
+    pub quarantined: u64,
 }
+
+/// Where a spool file goes when a line other than its last does not parse:
+/// those pushes were answered `201 buffered`, so the file is kept whole for
+/// the operator rather than replayed in part and deleted.
+pub const QUARANTINE_DIR: &str = "quarantine";
 
 /// The database a spool file's pushes belong to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,7 +240,38 @@ impl Spool {
                 stats.bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
             }
         }
+        stats.quarantined = std::fs::read_dir(self.dir.join(QUARANTINE_DIR)).map(|d| d.flatten().count() as u64).unwrap_or(0);
         stats
+    }
+
+    /// The line number (1-based, the header is line 1) of the first line of
+    /// `path` that does not parse as a spooled request, when it is not the
+    /// last one: only a torn last line (a crash mid-append, never answered)
+    /// may be skipped.
+    fn unreadable_line(path: &Path) -> Result<Option<usize>, SpoolError> {
+        let file = std::fs::File::open(path)?;
+        let mut bad = None;
+        for (n, line) in std::io::BufReader::new(file).lines().enumerate().skip(1) {
+            let line = line?;
+            if let Some(at) = bad {
+                // A bad line followed by another one: not a torn tail.
+                return Ok(Some(at));
+            }
+            if !line.trim().is_empty() && serde_json::from_str::<Vec<Line<'_>>>(&line).is_err() {
+                bad = Some(n + 1);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Moves `path` to the quarantine folder, said in the log.
+    fn quarantine(&self, path: &Path, line: usize) -> Result<(), SpoolError> {
+        let dir = self.dir.join(QUARANTINE_DIR);
+        std::fs::create_dir_all(&dir)?;
+        let to = dir.join(path.file_name().expect("a spool file has a name"));
+        std::fs::rename(path, &to)?;
+        tracing::error!(file = %to.display(), line, "spool file has a line that does not parse: moved to quarantine, not replayed (its pushes were answered 201 buffered; repair the line and move the file back to replay it)");
+        Ok(())
     }
 
     /// Spooled work is waiting for replay.
@@ -358,6 +396,11 @@ impl Spool {
             let file = std::fs::File::open(&path)?;
             // Held while it replays: a second broker of this database skips it.
             if !try_lock(&file)? {
+                continue;
+            }
+            if let Some(line) = Self::unreadable_line(&path)? {
+                drop(file);
+                self.quarantine(&path, line)?;
                 continue;
             }
             let mut lines = std::io::BufReader::new(&file).lines().skip(1);
