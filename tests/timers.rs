@@ -208,3 +208,43 @@ async fn a_timer_key_twice_in_one_call_is_refused_whole() {
     let both = timers(&b, json!([schedule("q", "same", json!(1), 60_000, "a"), schedule("other", "same", json!(1), 60_000, "b")])).await;
     assert_eq!(both.iter().map(|r| r["status"].clone()).collect::<Vec<_>>(), [json!("scheduled"), json!("scheduled")]);
 }
+
+/// Issue 45: one timer that cannot fire rolled back the whole fire batch,
+/// and the next tick picked the same rows: every timer behind it waited
+/// forever. Now the bad ones are set aside (attempts, last_error, pushed
+/// back; parked when they can never fire) and the rest fire.
+#[tokio::test]
+async fn a_timer_that_cannot_fire_holds_back_no_other() {
+    let b = Broker::start_with(&[("QUEEN_TIMERS_BATCH_SIZE", "10")]).await;
+    let sql = b.sql().await;
+    // Bad rows, as a bug or a hand edit could leave them, due before the others.
+    sql.execute(
+        "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at) VALUES
+           ('later', 'bad-json', 'Default', 'not json', 'tj', gen_random_uuid(), now() - interval '1 minute'),
+           ('later', 'bad-txn', 'Default', '1', repeat('x', 70000), gen_random_uuid(), now() - interval '1 minute')",
+        &[],
+    )
+    .await
+    .unwrap();
+    let ops: Vec<Value> = (0..5).map(|i| schedule("later", &format!("ok-{i}"), json!(i), 0, &format!("t{i}"))).collect();
+    timers(&b, json!(ops)).await;
+    eventually("the good timers to fire", Duration::from_secs(10), || async { stored_messages(&sql, "later", "Default").await.len() == 5 }).await;
+    let mut got: Vec<String> = stored_messages(&sql, "later", "Default").await.into_iter().map(|m| m.payload).collect();
+    got.sort();
+    assert_eq!(got, ["0", "1", "2", "3", "4"]);
+    let (_, hopeless) = b.get("/api/v1/timers/later/bad-json").await;
+    assert_eq!((hopeless["attempts"].clone(), hopeless["lastError"].clone()), (json!(10), json!("payload is not JSON")), "parked at once: {hopeless}");
+    assert!(hopeless["deliverAt"].as_str().unwrap().starts_with("9999-"), "parked: {hopeless}");
+    eventually("the too-long txn to be counted", Duration::from_secs(10), || async {
+        let (_, t) = b.get("/api/v1/timers/later/bad-txn").await;
+        t["attempts"].as_i64().unwrap_or(0) >= 1 && t["lastError"].as_str().is_some_and(|e| e.contains("transactionId"))
+    })
+    .await;
+    let (_, t) = b.get("/api/v1/timers/later/bad-txn").await;
+    let next = chrono::DateTime::parse_from_rfc3339(t["deliverAt"].as_str().unwrap()).unwrap();
+    assert!(next > chrono::Utc::now(), "pushed back, not retried every tick: {t}");
+    // A reschedule revives a parked timer with a good payload.
+    let r = timers(&b, json!([schedule("later", "bad-json", json!("fixed"), 0, "tj2")])).await.remove(0);
+    assert_eq!(r["status"], "rescheduled");
+    eventually("the revived timer to fire", Duration::from_secs(10), || async { stored_messages(&sql, "later", "Default").await.len() == 6 }).await;
+}
