@@ -44,7 +44,7 @@ BEGIN
         SELECT false, 'exists', k.value, k.version, k.expires_at, k.updated_at INTO v
         FROM queen.kv_live_v1('queen-locks', p_name || '#' || s, false) k;
         IF NOT FOUND THEN
-            v := queen.kv_put_v1('queen-locks', p_name || '#' || s, jsonb_build_object('owner', p_owner, 'sub', p_sub), p_ttl, 0);
+            v := queen.kv_put_v1('queen-locks', p_name || '#' || s, jsonb_strip_nulls(jsonb_build_object('owner', p_owner, 'sub', p_sub)), p_ttl, 0);
             IF v.applied THEN
                 RETURN QUERY SELECT s, v.version, false, v.expires_at;
                 RETURN;

@@ -187,3 +187,37 @@ async fn a_dead_letter_replays_by_id_into_its_partition_or_a_target() {
     assert_eq!(b.post("/api/v1/dlq/not-a-number/replay", json!({})).await.0, 404);
     assert_eq!(b.get("/api/v1/dlq?queue=q").await.1["total"], 0);
 }
+
+/// Issue 45: a replay pushed on one connection and deleted the dead letter
+/// on another, so a crash between them left it to be replayed again, and
+/// two replays at once could both push. Now one transaction locks, pushes
+/// and deletes: of many concurrent replays of one dead letter exactly one
+/// moves it, the rest find nothing, and it is in the queue once.
+#[tokio::test]
+async fn concurrent_replays_of_one_dead_letter_move_it_once() {
+    let b = Broker::start().await;
+    let pid = dead_letter(&b, "w", &["poison"]).await;
+    let (_, list) = b.get("/api/v1/dlq?queue=q").await;
+    let id = list["messages"][0]["id"].as_str().map(str::to_string).unwrap_or_else(|| list["messages"][0]["id"].to_string());
+    let replays: Vec<_> = (0..8)
+        .map(|_| {
+            let (http, url) = (b.http.clone(), format!("{}/api/v1/dlq/{id}/replay", b.url));
+            tokio::spawn(async move {
+                let r = http.post(url).send().await.unwrap();
+                (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for r in replays {
+        outcomes.push(r.await.unwrap());
+    }
+    let moved = outcomes.iter().filter(|(s, b)| *s == 200 && b["result"] == "moved").count();
+    let gone = outcomes.iter().filter(|(s, _)| *s == 404).count();
+    assert_eq!((moved, gone), (1, 7), "{outcomes:?}");
+    let stored = common::stored_messages(&b.sql().await, "q", "p").await;
+    let replayed: Vec<_> = stored.iter().filter(|m| m.transaction_id.starts_with("dlq:")).collect();
+    assert_eq!(replayed.len(), 1, "pushed back once");
+    assert_eq!(b.get("/api/v1/dlq?queue=q").await.1["total"], 0);
+    assert_eq!(b.get(&format!("/api/v1/messages/{pid}/poison")).await.1["status"], "completed");
+}

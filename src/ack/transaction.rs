@@ -221,7 +221,7 @@ pub async fn run(
                     Ok(w) => w,
                     Err(duplicate) => {
                         tx.rollback().await?;
-                        return Ok(rolled_back(duplicate));
+                        return Ok(rolled_back(duplicate.to_string()));
                     }
                 };
                 pushed.extend(written.pushed);
@@ -319,6 +319,25 @@ pub struct Written {
     pub pushed: Vec<(String, i64, String, u64)>,
 }
 
+/// A push of [`push_in`] whose transactionId its partition already holds:
+/// nothing of the call was written. Displays as the refusal the
+/// transaction and the stream cycle answer.
+#[derive(Debug, Clone)]
+pub struct AlreadyThere {
+    pub transaction_id: String,
+    pub queue: String,
+    pub partition: String,
+    pub partition_id: i64,
+    /// The message that holds the transactionId.
+    pub original: Uuid,
+}
+
+impl std::fmt::Display for AlreadyThere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QDUP duplicate push: transactionId {:?} is already in {}/{}", self.transaction_id, self.queue, self.partition)
+    }
+}
+
 /// Pushes `items` on `tx` through the segment writer, as part of the
 /// caller's transaction: the transaction bundles' and the streams cycle's
 /// one push path. In-request duplicates are first-wins; a transactionId
@@ -329,7 +348,7 @@ pub async fn push_in(
     coalescer: &crate::push::Coalescer,
     items: &[PushItem<'_>],
     producer: Option<&str>,
-) -> Result<Result<Written, String>, TxnError> {
+) -> Result<Result<Written, AlreadyThere>, TxnError> {
     let plan = PushPlan::new(items, producer, coalescer.encryption()).map_err(TxnError::NoKey)?;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
     let mut pushed = Vec::new();
@@ -347,9 +366,14 @@ pub async fn push_in(
                 }
                 pushed.push((g.queue.clone(), partition_id, g.partition.clone(), g.leaders.len() as u64));
             }
-            SegmentWrite::Duplicates { dups, .. } => {
-                let txn = &plan.txns[g.leaders[dups[0].0]];
-                return Ok(Err(format!("QDUP duplicate push: transactionId {txn:?} is already in {}/{}", g.queue, g.partition)));
+            SegmentWrite::Duplicates { dups, partition_id, .. } => {
+                return Ok(Err(AlreadyThere {
+                    transaction_id: plan.txns[g.leaders[dups[0].0]].to_string(),
+                    queue: g.queue.clone(),
+                    partition: g.partition.clone(),
+                    partition_id,
+                    original: dups[0].1,
+                }));
             }
         }
     }

@@ -123,6 +123,14 @@ pub async fn lagging(pool: &Pool, min_lag_seconds: i64) -> Result<Value, DbError
 pub async fn delete(pool: &Pool, group: &str, queue: Option<&str>, delete_metadata: bool) -> Result<(u64, bool), DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
+    let n = delete_in(&tx, group, queue, delete_metadata).await?;
+    tx.commit().await?;
+    Ok((n, delete_metadata))
+}
+
+/// [`delete`] inside the caller's transaction (a stream registration that
+/// resets deletes its group with its state, all or nothing).
+pub async fn delete_in(tx: &impl deadpool_postgres::GenericClient, group: &str, queue: Option<&str>, delete_metadata: bool) -> Result<u64, DbError> {
     let n = tx
         .execute(
             "DELETE FROM queen.consumers c USING queen.partitions p, queen.queues q
@@ -137,8 +145,7 @@ pub async fn delete(pool: &Pool, group: &str, queue: Option<&str>, delete_metada
     if delete_metadata {
         tx.execute(&format!("DELETE FROM queen.subscriptions t {scope}"), &[&group, &queue]).await?;
     }
-    tx.commit().await?;
-    Ok((n, delete_metadata))
+    Ok(n)
 }
 
 /// Seeks a group on a queue (or one partition); `None` = no such queue.

@@ -20,7 +20,7 @@ use crate::crypto::KeyRing;
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::push::coalescer::txn_hash;
-use crate::push::{push_items, Coalescer, Outcome, PushItem};
+use crate::push::{Coalescer, PushItem};
 
 /// Most messages one listing call decodes, whatever the filters.
 const SCAN_CAP: usize = 10_000;
@@ -282,20 +282,22 @@ pub async fn replay_dead_letter(
                                   d.message_id, d.transaction_id
                            FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id
                            JOIN queen.partitions p ON p.id = d.partition_id";
-    let client = pool.get().await?;
+    // One transaction: the dead letter is locked, pushed back through the
+    // transaction push path and removed together, so a crash or a
+    // concurrent replay can neither lose it nor replay it twice.
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
     let row = match which {
         DeadLetter::Address { partition_id, transaction_id } => {
-            client
-                .query_opt(
-                    &format!("{COLUMNS} WHERE d.partition_id = $1 AND d.transaction_id = $2 ORDER BY d.id DESC LIMIT 1"),
-                    &[&partition_id, &transaction_id],
-                )
-                .await?
+            tx.query_opt(
+                &format!("{COLUMNS} WHERE d.partition_id = $1 AND d.transaction_id = $2 ORDER BY d.id DESC LIMIT 1 FOR UPDATE OF d"),
+                &[&partition_id, &transaction_id],
+            )
+            .await?
         }
-        DeadLetter::Id(id) => client.query_opt(&format!("{COLUMNS} WHERE d.id = $1"), &[&id]).await?,
+        DeadLetter::Id(id) => tx.query_opt(&format!("{COLUMNS} WHERE d.id = $1 FOR UPDATE OF d"), &[&id]).await?,
     };
     let Some(row) = row else { return Ok(None) };
-    drop(client);
     let dlq_id: i64 = row.get(0);
     let (own_queue, own_partition, group): (String, String, String) = (row.get(1), row.get(2), row.get(3));
     let queue = target.queue.clone().unwrap_or(own_queue);
@@ -317,26 +319,36 @@ pub async fn replay_dead_letter(
     };
     // The replay keeps the original producer, not the operator who asked for it.
     let producer: Option<String> = row.get(6);
-    let results = push_items(coalescer, std::slice::from_ref(&item), producer.as_deref())
-        .await
-        .map_err(|e| DbError::Unexpected(format!("replay push failed: {e}")))?;
-    let outcome = results[0].outcome.clone();
-    drop(results);
-    let (status, offset) = match outcome {
-        Outcome::Queued { offset, .. } => ("queued", Some(offset)),
-        Outcome::Duplicate { .. } => ("duplicate", None),
+    let written = crate::ack::transaction::push_in(&tx, coalescer, std::slice::from_ref(&item), producer.as_deref()).await.map_err(|e| match e {
+        crate::ack::transaction::TxnError::Db(db) => db,
+        other => DbError::Unexpected(format!("replay push failed: {other}")),
+    })?;
+    // Already there: an earlier replay's push (before replays were one
+    // transaction) whose dead letter stayed. Removed now, answered duplicate.
+    let (status, message_id, partition_id, offset) = match &written {
+        Ok(w) => {
+            let (_, pid, _, _) = w.pushed[0];
+            let id = w.results[0]["messageId"].as_str().and_then(|s| uuid::Uuid::parse_str(s).ok()).unwrap_or_default();
+            let offset: i64 = tx
+                .query_one("SELECT last_offset FROM queen.partitions WHERE id = $1", &[&pid])
+                .await?
+                .get(0);
+            ("queued", id, pid, Some(offset))
+        }
+        Err(there) => ("duplicate", there.original, there.partition_id, None),
     };
-    let removed = pool.get().await?.execute("DELETE FROM queen.dead_letters WHERE id = $1", &[&dlq_id]).await? > 0;
+    let removed = tx.execute("DELETE FROM queen.dead_letters WHERE id = $1", &[&dlq_id]).await? > 0;
+    tx.commit().await?;
     let answer = json!({
         "success": true,
         "result": if status == "queued" { "moved" } else { "duplicate" },
         "queue": queue, "partition": partition, "consumerGroup": group,
         "dlqId": dlq_id.to_string(), "originalTransactionId": original_txn,
-        "replayedAs": {"index": 0, "message_id": outcome.message_id().to_string(), "transaction_id": replay_txn,
+        "replayedAs": {"index": 0, "message_id": message_id.to_string(), "transaction_id": replay_txn,
                        "queueName": queue, "status": status, "offset": offset},
         "dlqRowRemoved": removed,
     });
-    Ok(Some(Replayed { answer, queue, partition, partition_id: outcome.partition_id(), queued: status == "queued" }))
+    Ok(Some(Replayed { answer, queue, partition, partition_id, queued: status == "queued" }))
 }
 
 /// The listing filters of `GET /api/v1/messages`.

@@ -29,19 +29,29 @@ impl Switches {
 
     /// Persists a switch and applies it here at once.
     pub async fn set(&self, pool: &Pool, family: &'static str, enabled: bool) -> Result<(), DbError> {
+        self.set_many(pool, &[(family, enabled)]).await
+    }
+
+    /// Sets several switches in one statement: all of them or none (a
+    /// `{"enabled": false}` for kv and timers never leaves one of them on).
+    pub async fn set_many(&self, pool: &Pool, switches: &[(&'static str, bool)]) -> Result<(), DbError> {
+        let names: Vec<&str> = switches.iter().map(|(n, _)| *n).collect();
+        let states: Vec<bool> = switches.iter().map(|(_, e)| *e).collect();
         pool.get()
             .await?
             .execute(
-                "INSERT INTO queen.system_switches (name, enabled) VALUES ($1, $2)
+                "INSERT INTO queen.system_switches (name, enabled) SELECT * FROM unnest($1::text[], $2::bool[])
                  ON CONFLICT (name) DO UPDATE SET enabled = EXCLUDED.enabled, updated_at = now()",
-                &[&family, &enabled],
+                &[&names, &states],
             )
             .await?;
         self.off.change(|s| {
-            if enabled {
-                s.remove(family);
-            } else {
-                s.insert(family.to_string());
+            for (family, enabled) in switches {
+                if *enabled {
+                    s.remove(*family);
+                } else {
+                    s.insert(family.to_string());
+                }
             }
         });
         Ok(())

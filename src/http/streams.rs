@@ -56,10 +56,9 @@ pub async fn register(
         )),
         Registered::Ok { id, fresh, reset } => {
             if reset {
-                // From scratch: the default group's cursors go with the state.
-                let group = streams::default_group(&r.name);
-                crate::admin::groups::delete(&state.pool, &group, Some(&r.source), true).await?;
-                state.pop.hotlist.forget(Some(&r.source), Some(&group));
+                // From scratch: the default group's cursors went with the
+                // state (streams::register); its candidate ring goes too.
+                state.pop.hotlist.forget(Some(&r.source), Some(&streams::default_group(&r.name)));
             }
             Ok(Json(json!({"success": true, "query_id": id, "name": r.name, "config_hash": r.hash, "fresh": fresh, "reset": reset})).into_response())
         }

@@ -180,7 +180,7 @@ pub async fn run(pool: &Pool, ops: &[LockOp], sub: Option<&str>) -> Result<Vec<V
                     None => None,
                     Some(h) => {
                         let owner = owner.clone().or_else(|| h.owner.clone());
-                        let put = stmt(&client, "SELECT applied, version, expires_at FROM queen.kv_put_v1($1, $2, jsonb_build_object('owner', $3::text, 'sub', $6::text), $4, $5)").await?;
+                        let put = stmt(&client, "SELECT applied, version, expires_at FROM queen.kv_put_v1($1, $2, jsonb_strip_nulls(jsonb_build_object('owner', $3::text, 'sub', $6::text)), $4, $5)").await?;
                         let r = client.query_one(&put, &[&NAMESPACE, &format!("{name}#{}", h.slot), &owner, ttl, token, &sub]).await?;
                         r.get::<_, Option<bool>>(0).unwrap_or(false).then(|| (h.slot, r.get::<_, i64>(1), r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(2)))
                     }

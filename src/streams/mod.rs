@@ -30,15 +30,25 @@ pub enum Registered {
 }
 
 /// `POST /streams/v1/queries`.
+///
+/// A registration that resets discards the query's state and its default
+/// group's cursors on the source in the same transaction: a crash between
+/// them cannot leave fresh state over old cursors.
 pub async fn register(pool: &Pool, name: &str, source: &str, sink: Option<&str>, hash: &str, reset: bool) -> Result<Registered, DbError> {
-    let client = pool.get().await?;
-    let r = client
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let r = tx
         .query_one("SELECT * FROM queen.stream_register_v1($1, $2, $3, $4, $5, $6)", &[&name, &source, &sink, &hash, &reset, &Uuid::now_v7()])
         .await?;
-    Ok(match r.get::<_, Option<String>>(3) {
+    let registered = match r.get::<_, Option<String>>(3) {
         Some(stored_hash) => Registered::Conflict { stored_hash },
         None => Registered::Ok { id: r.get(0), fresh: r.get(1), reset: r.get(2) },
-    })
+    };
+    if let Registered::Ok { reset: true, .. } = registered {
+        crate::admin::groups::delete_in(&tx, &default_group(name), Some(source), true).await?;
+    }
+    tx.commit().await?;
+    Ok(registered)
 }
 
 /// The consumer group a stream reads with unless told otherwise.
