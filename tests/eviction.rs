@@ -171,3 +171,25 @@ async fn overdue_messages_nobody_has_read_are_dead_lettered_for_the_queue_mode_c
     b.push_to("unread", "a", &[json!("fresh")]).await;
     assert_eq!(b.pop("/api/v1/pop/queue/unread?batch=10&autoAck=true").await.data(), vec![json!("fresh")]);
 }
+
+/// Issue 45: eviction met a segment it could not decode, stopped there and
+/// said nothing, so a cursor stayed stuck with no trace. Now it is logged
+/// and counted, and nothing of it or after it is dead-lettered out of order.
+#[tokio::test]
+async fn a_segment_eviction_cannot_read_is_said_and_nothing_past_it_moves() {
+    let b = Broker::start_with(&[("EVICTION_INTERVAL", "200")]).await;
+    b.post("/api/v1/configure", json!({"queue": "rot", "options": {"maxWaitTimeSeconds": 1}})).await;
+    for i in 0..2 {
+        b.push_to("rot", "p", &[json!(i)]).await;
+    }
+    let sql = b.sql().await;
+    // The first segment's blob is corrupted, as a bad disk or a bug could leave it.
+    sql.execute("UPDATE queen.segments SET blob = '\\x00010203'::bytea WHERE base_offset = 0", &[]).await.unwrap();
+    eventually("the unreadable segment to be said", Duration::from_secs(10), || async {
+        b.logs().iter().any(|l| l.contains("eviction cannot read a segment") && l.contains("base_offset=0"))
+    })
+    .await;
+    assert!(dead_letters(&b, "__QUEUE_MODE__").await.is_empty(), "nothing past it was evicted out of order");
+    let metrics = String::from_utf8(b.get_bytes("/metrics/prometheus").await.1).unwrap();
+    assert!(metrics.lines().any(|l| l.starts_with("queen_eviction_unreadable_segments_total ") && !l.ends_with(" 0")), "counted");
+}

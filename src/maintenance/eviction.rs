@@ -60,9 +60,29 @@ pub async fn tick(pool: &Pool, batch: i64) -> Result<bool, DbError> {
         let mut m = Evicted::default();
         'segments: for s in &segments {
             let base: i64 = s.get(0);
-            let Ok(frames) = decompress_frames(s.get::<_, &[u8]>(2), SEGMENT_LIMIT) else { break };
+            // A segment that does not decode stops this cursor's eviction
+            // there (what lies past it cannot be dead-lettered in order),
+            // said in the log and counted each pass until it is dealt with.
+            let unreadable = |error: String| {
+                tracing::warn!(partition_id = pid, group = %group, base_offset = base, error = %error,
+                               "eviction cannot read a segment: this cursor's overdue messages from here on stay");
+                metrics::counter!("queen_eviction_unreadable_segments_total").increment(1);
+            };
+            let frames = match decompress_frames(s.get::<_, &[u8]>(2), SEGMENT_LIMIT) {
+                Ok(frames) => frames,
+                Err(e) => {
+                    unreadable(e.to_string());
+                    break;
+                }
+            };
             for (k, f) in FrameReader::new(&frames).enumerate() {
-                let Ok(f) = f else { break 'segments };
+                let f = match f {
+                    Ok(f) => f,
+                    Err(e) => {
+                        unreadable(e.to_string());
+                        break 'segments;
+                    }
+                };
                 let offset = base + k as i64;
                 if offset <= committed {
                     continue;
