@@ -230,8 +230,10 @@ pub struct KvConfig {
 }
 
 /// The AES-256 keys of encryption at rest: envelopes are sealed under
-/// `current` and opened under any of them. Debug never prints a key.
-#[derive(Clone, PartialEq)]
+/// `current` and opened under any of them. Debug never prints a key, and
+/// the bytes are wiped when the value is dropped (the key ring keeps only
+/// the AES key schedules, which `aes`'s `zeroize` feature wipes too).
+#[derive(Clone, PartialEq, zeroize::Zeroize, zeroize::ZeroizeOnDrop)]
 pub struct EncryptionKeys {
     pub current: [u8; 32],
     /// Older keys, read-only (`QUEEN_ENCRYPTION_KEYS`), for a rotation.

@@ -334,6 +334,17 @@ mod tests {
     }
 
     #[test]
+    fn keys_and_their_schedules_are_wiped_on_drop() {
+        // Compile-time: each holder of key material implements ZeroizeOnDrop.
+        fn wiped<T: zeroize::ZeroizeOnDrop>() {}
+        wiped::<EncryptionKeys>();
+        wiped::<aes_gcm::aes::Aes256>();
+        let mut keys = EncryptionKeys { current: [7; 32], older: vec![[8; 32]] };
+        zeroize::Zeroize::zeroize(&mut keys);
+        assert_eq!((keys.current, keys.older.len()), ([0; 32], 0));
+    }
+
+    #[test]
     fn the_key_id_is_the_published_check_value() {
         // FIPS-197 appendix C.3: AES-256 with key 00..1f encrypts the block
         // 00112233..ff to 8ea2b7ca...; the check value is of a zero block,
