@@ -126,3 +126,32 @@ async fn every_route_refuses_hostile_input_with_a_4xx_json_error() {
     assert_eq!(status, 201);
     assert_eq!(b.pop("/api/v1/pop/queue/q").await.data(), [json!("fine")]);
 }
+
+/// Issue 45, found by the API fuzzer: a NUL character (`\u0000`) reached
+/// PostgreSQL, which stores it in neither `text` nor `jsonb`, and the
+/// answer was a 500 (a trace, a KV value) or a message that could never be
+/// dead-lettered. Every such field is refused with a 400 naming it, and
+/// nothing is written.
+#[tokio::test]
+async fn a_nul_character_is_refused_where_postgresql_could_not_store_it() {
+    let b = Broker::start().await;
+    b.push_to("q", "p", &[serde_json::json!(1)]).await;
+    let m = b.pop("/api/v1/pop/queue/q?batch=1&autoAck=true").await.messages()[0].clone();
+    let nul = "a\u{0}b";
+    for (path, body, field) in [
+        ("/api/v1/push", serde_json::json!({"items": [{"queue": "q", "payload": {"k": nul}}]}), "items[0].payload"),
+        ("/api/v1/push", serde_json::json!({"items": [{"queue": "q", "payload": 1, "transactionId": nul}]}), "items[0].transactionId"),
+        ("/api/v1/traces", serde_json::json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "data": [nul]}), "data"),
+        ("/api/v1/traces", serde_json::json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "traceNames": [nul], "data": 1}), "traceNames[0]"),
+        ("/api/v1/kv", serde_json::json!({"operations": [{"op": "put", "ns": "n", "key": "k", "value": nul, "forever": true}]}), "operations[0].value"),
+    ] {
+        let (status, r) = b.post(path, body).await;
+        let error = r["detail"].as_str().or(r["error"].as_str()).unwrap_or_default().to_string();
+        assert_eq!(status, 400, "{path}: {r}");
+        assert!(error.contains(field) && error.contains("NUL"), "{path}: {r}");
+    }
+    let sql = b.sql().await;
+    assert_eq!(common::stored_messages(&sql, "q", "p").await.len(), 1, "no push landed");
+    let kv: i64 = sql.query_one("SELECT count(*) FROM queen.kv WHERE ns = 'n'", &[]).await.unwrap().get(0);
+    assert_eq!(kv, 0);
+}

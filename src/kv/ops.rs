@@ -204,6 +204,9 @@ fn parse_one(op: &Value, at: &str, limits: &KvLimits) -> Result<Op, KvError> {
         "put" | "putIfAbsent" => {
             let key = key("key")?;
             let value = op.get("value").ok_or_else(|| bad("invalid_field", format!("{}: required (any JSON value)", field("value"))))?.to_string();
+            if crate::push::validate::holds_nul(&value) {
+                return Err(bad("invalid_value", format!("{}: {}", field("value"), crate::push::validate::NUL_REFUSED)));
+            }
             if value.len() > limits.max_value_bytes {
                 return Err(KvError::TooLarge {
                     detail: format!("{}: {} bytes of JSON, more than the limit of {}", field("value"), value.len(), limits.max_value_bytes),

@@ -125,6 +125,12 @@ fn check_item(index: usize, item: RawItem<'_>) -> Result<PushItem<'_>, String> {
         Some(t) => Some(Uuid::parse_str(&t).map_err(|_| field("traceId", "must be a UUID"))?),
     };
     let payload = item.payload.or(item.data).map(|p| p.get()).unwrap_or("null");
+    if holds_nul(payload) {
+        return Err(field(if item.payload.is_some() { "payload" } else { "data" }, NUL_REFUSED));
+    }
+    if transaction_id.as_ref().is_some_and(|t| t.contains('\0')) {
+        return Err(field("transactionId", NUL_REFUSED));
+    }
     Ok(PushItem { queue, partition, transaction_id, trace_id, payload, message_id: None })
 }
 
@@ -146,6 +152,12 @@ pub fn from_binary(items: &[crate::log::binary::BinaryItem]) -> Result<Vec<PushI
             }
             if b.transaction_id.as_ref().is_some_and(|t| t.len() > MAX_TRANSACTION_ID_BYTES) {
                 return Err(field("transactionId", "longer than 1024 bytes"));
+            }
+            if b.transaction_id.as_ref().is_some_and(|t| t.contains('\0')) {
+                return Err(field("transactionId", NUL_REFUSED));
+            }
+            if holds_nul(&b.payload) {
+                return Err(field("payload", NUL_REFUSED));
             }
             Ok(PushItem {
                 queue: Cow::Borrowed(&b.queue),
@@ -172,6 +184,27 @@ fn string_field(raw: Option<&RawValue>) -> Result<Option<Cow<'_, str>>, &'static
     }
 }
 
+/// Whether JSON text holds a `\u0000` escape: a NUL character, which
+/// PostgreSQL stores neither in `text` nor in `jsonb` (a payload holding one
+/// could never be dead-lettered, a KV value or trace never written). A
+/// backslash-escaped backslash before it (`\\u0000`) is text, not a NUL.
+pub fn holds_nul(json: &str) -> bool {
+    let b = json.as_bytes();
+    let mut from = 0;
+    while let Some(at) = json[from..].find("\\u0000") {
+        let i = from + at;
+        let backslashes = b[..i].iter().rev().take_while(|&&c| c == b'\\').count();
+        if backslashes % 2 == 0 {
+            return true;
+        }
+        from = i + 1;
+    }
+    false
+}
+
+/// The refusal of a field whose JSON holds a NUL character.
+pub const NUL_REFUSED: &str = "must not contain a NUL character (\\u0000): PostgreSQL cannot store it";
+
 /// Queue and partition names: 1..=255 bytes, no control characters.
 pub fn check_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
@@ -188,6 +221,17 @@ pub fn check_name(name: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nul_escape_is_found_and_an_escaped_backslash_is_not_one() {
+        assert!(holds_nul(r#"{"a":"x\u0000y"}"#));
+        assert!(holds_nul(r#""\\\u0000""#), "an escaped backslash, then a NUL");
+        assert!(!holds_nul(r#""\\u0000""#), "the text \\u0000");
+        assert!(!holds_nul(r#"{"a":"\u0001"}"#));
+        assert!(!holds_nul("[1,2,3]"));
+        assert!(serde_json::from_str::<String>(r#""\\\u0000""#).unwrap().contains('\0'), "agrees with serde");
+        assert!(!serde_json::from_str::<String>(r#""\\u0000""#).unwrap().contains('\0'));
+    }
 
     #[test]
     fn an_item_without_partition_goes_to_default_and_payload_stays_raw() {

@@ -27,7 +27,7 @@ use uuid::Uuid;
 use crate::admin::iso_ms;
 use crate::db::DbError;
 use crate::pop::params::QUEUE_MODE;
-use crate::push::validate::MAX_TRANSACTION_ID_BYTES;
+use crate::push::validate::{MAX_TRANSACTION_ID_BYTES, NUL_REFUSED};
 
 /// Longest trace name and event type, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -64,6 +64,7 @@ fn text(body: &Value, names: &[&str], max: usize) -> Result<Option<String>, Stri
     match get(body, names) {
         None => Ok(None),
         Some(Value::String(s)) if s.len() > max => Err(format!("{}: longer than {max} bytes", names[0])),
+        Some(Value::String(s)) if s.contains('\0') => Err(format!("{}: {NUL_REFUSED}", names[0])),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(_) => Err(format!("{}: must be a string", names[0])),
     }
@@ -103,20 +104,29 @@ pub fn parse(body: &Value) -> Result<TraceEvent, String> {
             .collect::<Result<Vec<_>, _>>()?,
         Some(_) => return Err("traceNames: must be an array of strings or null".into()),
     };
-    let mut kept: Vec<String> = Vec::with_capacity(names.len());
+    // De-duplicated in order, in one pass (a set, not a scan per name), and
+    // refused as soon as the distinct names pass the cap.
+    let mut seen = std::collections::HashSet::with_capacity(names.len().min(MAX_NAMES + 1));
+    let mut kept: Vec<String> = Vec::with_capacity(names.len().min(MAX_NAMES + 1));
     for n in names {
-        if !n.is_empty() && !kept.contains(&n) {
+        if !n.is_empty() && seen.insert(n.clone()) {
+            if kept.len() == MAX_NAMES {
+                return Err(format!("traceNames: at most {MAX_NAMES} distinct names"));
+            }
             kept.push(n);
         }
     }
     let names = kept;
-    if names.len() > MAX_NAMES {
-        return Err(format!("traceNames: at most {MAX_NAMES} names, got {}", names.len()));
+    if let Some(i) = names.iter().position(|n| n.contains('\0')) {
+        return Err(format!("traceNames[{i}]: {NUL_REFUSED}"));
     }
     if let Some(long) = names.iter().position(|n| n.len() > MAX_NAME_BYTES) {
         return Err(format!("traceNames[{long}]: longer than {MAX_NAME_BYTES} bytes"));
     }
     let data = body.get("data").cloned().ok_or("data: required (any JSON value)")?;
+    if crate::push::validate::holds_nul(&data.to_string()) {
+        return Err(format!("data: {NUL_REFUSED}"));
+    }
     Ok(TraceEvent { trace_id: Uuid::now_v7(), partition_id, transaction_id, consumer_group, event_type, names, data })
 }
 

@@ -128,7 +128,11 @@ pub fn cycle(v: &Value) -> Result<CycleBody, String> {
                 Some("upsert") => {
                     let value = op.get("value").ok_or_else(|| format!("state_ops[{i}].value: required for an upsert"))?;
                     let ripe_at = value.get("windowEnd").and_then(|w| w.as_i64().or_else(|| w.as_f64().map(|f| f as i64)));
-                    Ok(StateOp::Upsert { key: key.into(), value: value.to_string(), ripe_at })
+                    let value = value.to_string();
+                    if crate::push::validate::holds_nul(&value) || key.contains('\0') {
+                        return Err(format!("state_ops[{i}]: {}", crate::push::validate::NUL_REFUSED));
+                    }
+                    Ok(StateOp::Upsert { key: key.into(), value, ripe_at })
                 }
                 Some("delete") => Ok(StateOp::Delete { key: key.into() }),
                 _ => Err(format!("state_ops[{i}].type: must be upsert or delete")),
@@ -149,6 +153,9 @@ pub fn cycle(v: &Value) -> Result<CycleBody, String> {
             };
             check_name(&partition).map_err(|e| format!("push_items[{i}].partition: {e}"))?;
             let payload = item.get("payload").or_else(|| item.get("data")).ok_or_else(|| format!("push_items[{i}].payload: required"))?;
+            if crate::push::validate::holds_nul(&payload.to_string()) {
+                return Err(format!("push_items[{i}].payload: {}", crate::push::validate::NUL_REFUSED));
+            }
             let txn = match item.get("transactionId") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(t)) if t.len() > MAX_TRANSACTION_ID_BYTES => {
