@@ -576,7 +576,7 @@ impl Config {
         ("QUEEN_KV_MAX_KEY_BYTES", "512", "longest KV key (namespaces: 128 bytes of A-Z a-z 0-9 . _ : -)"),
         ("QUEEN_KV_MAX_OPS_PER_CALL", "256", "most operations in one KV call"),
         ("QUEEN_KV_MAX_KEYS_PER_CALL", "1024", "most keys in one getMany"),
-        ("QUEEN_KV_MAX_READ_BYTES", "4194304", "bytes of keys and values one getMany or getPrefix answers before it says truncated"),
+        ("QUEEN_KV_MAX_READ_BYTES", "4194304", "bytes of keys and values the reads (getMany, getPrefix) of one call answer together before they say truncated"),
         ("QUEEN_KV_PREFIX_LIMIT", "1000", "ceiling a getPrefix limit is clamped to"),
         ("QUEEN_KV_SWEEP_INTERVAL_MS", "1000", "ms between passes of the sweeper that reclaims expired keys (they are invisible from the moment they expire)"),
         ("QUEEN_PEER_HINTS", "true", "tell the other brokers on the database which partitions this one wrote (LISTEN/NOTIFY on one connection), so their long-polls wake at once; false: they wake at their next backoff"),

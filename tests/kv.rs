@@ -398,3 +398,23 @@ async fn a_batch_answers_each_operation_in_request_order_with_its_index() {
     let indexes: Vec<Value> = lost["results"].as_array().unwrap().iter().map(|x| x["index"].clone()).collect();
     assert_eq!(indexes, [json!(0), json!(1), json!(2)], "{lost}");
 }
+
+/// Issue 45: the read budget (`QUEEN_KV_MAX_READ_BYTES`) was each
+/// operation's, so a call of 256 getMany's could answer 256 times the
+/// budget. It is the call's: later reads get what earlier ones left (at
+/// least one row each, so a call always moves forward).
+#[tokio::test]
+async fn the_read_budget_is_the_calls_not_each_operations() {
+    let b = Broker::start_with(&[("QUEEN_KV_MAX_READ_BYTES", "1024")]).await;
+    let value = "v".repeat(398); // 400 bytes of JSON + a 2-byte key: 402 a row
+    let puts: Vec<Value> = (1..=3).map(|i| json!({"op": "put", "ns": "n", "key": format!("k{i}"), "value": value, "forever": true})).collect();
+    kv(&b, json!(puts)).await;
+    let many = json!({"op": "getMany", "ns": "n", "keys": ["k1", "k2", "k3"]});
+    let r = kv(&b, json!([many.clone(), many.clone(), many])).await;
+    let rows: Vec<usize> = (0..3).map(|i| r["results"][i]["rows"].as_array().unwrap().len()).collect();
+    assert_eq!(rows, [2, 1, 1], "804 of 1024 bytes, then one row each: {r}");
+    assert!((0..3).all(|i| r["results"][i]["truncated"] == true), "{r}");
+    // A call of its own gets the whole budget again.
+    let alone = kv(&b, json!([{"op": "getPrefix", "ns": "n", "prefix": "k"}])).await;
+    assert_eq!(alone["results"][0]["rows"].as_array().unwrap().len(), 2);
+}

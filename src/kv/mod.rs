@@ -57,8 +57,11 @@ pub async fn run_call(pool: &Pool, operations: &[Op], limits: &KvLimits) -> Resu
 /// (the results then say which writes were undone).
 pub async fn run<C: GenericClient>(client: &C, operations: &[Op], limits: &KvLimits) -> Result<Outcome, DbError> {
     let mut results = Vec::with_capacity(operations.len());
+    // The read budget is the call's, shared by its getMany and getPrefix
+    // operations (not each one's: 256 of them would have been 1 GiB).
+    let mut budget = limits.max_read_bytes;
     for (i, op) in operations.iter().enumerate() {
-        let mut result = apply(client, op, limits).await?;
+        let mut result = apply(client, op, &mut budget).await?;
         result["index"] = json!(i);
         // A lock guard that does not hold says so, never which token does.
         if op.ns() == ops::LOCKS_NAMESPACE {
@@ -118,7 +121,9 @@ pub(crate) async fn stmt<C: GenericClient>(client: &C, sql: &str) -> Result<toki
     Ok(client.prepare_cached(sql).await?)
 }
 
-async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Result<Value, DbError> {
+/// One operation; reads take what they answer from `budget` (a read
+/// answers at least one row, so a call always moves forward).
+async fn apply<C: GenericClient>(client: &C, op: &Op, budget: &mut usize) -> Result<Value, DbError> {
     let write_json = |key: &str, r: tokio_postgres::Row| -> Value {
         let mut m = Map::new();
         m.insert("applied".into(), json!(r.get::<_, Option<bool>>(0).unwrap_or(false)));
@@ -157,7 +162,7 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
                 match found.remove(k) {
                     Some(r) => {
                         let size = r.get::<_, Option<&str>>(1).map_or(0, str::len) + k.len();
-                        if bytes + size > limits.max_read_bytes && !out.is_empty() {
+                        if bytes + size > *budget && !out.is_empty() {
                             truncated = true;
                             continue;
                         }
@@ -167,6 +172,7 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
                     None => missing.push(json!(k)),
                 }
             }
+            *budget = budget.saturating_sub(bytes);
             json!({"rows": out, "missing": missing, "truncated": truncated})
         }
         Op::GetPrefix { ns, prefix, after, limit, keys_only } => {
@@ -183,13 +189,14 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, limits: &KvLimits) -> Resu
             let (mut out, mut bytes, mut truncated) = (Vec::new(), 0usize, rows.len() as i64 > *limit);
             for r in rows.iter().take(*limit as usize) {
                 let size = r.get::<_, Option<&str>>(1).map_or(0, str::len) + r.get::<_, &str>(0).len();
-                if bytes + size > limits.max_read_bytes && !out.is_empty() {
+                if bytes + size > *budget && !out.is_empty() {
                     truncated = true;
                     break;
                 }
                 bytes += size;
                 out.push(row_json(r, *keys_only));
             }
+            *budget = budget.saturating_sub(bytes);
             let next = if truncated { out.last().map(|r| r["key"].clone()).unwrap_or(Value::Null) } else { Value::Null };
             json!({"rows": out, "truncated": truncated, "nextAfter": next})
         }
