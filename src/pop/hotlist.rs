@@ -55,7 +55,16 @@ struct Ring {
     /// The last claim filled its batch from its first partition: the next
     /// one asks for a single partition's claim (see `Checkout::deep`).
     deep: bool,
+    /// When a pop last planned or checked out on this ring: a ring no pop
+    /// has used for [`RING_IDLE`] is dropped ([`HotList::evict_idle`]).
+    last_used: Instant,
 }
+
+/// How long a ring nobody pops stays: any pop creates a ring for its
+/// (queue, group), and the pushes of a queue walk every ring of it, so
+/// rings of groups that stopped consuming must not pile up. A dropped ring
+/// is only a cache: the group's next pop builds it again from SQL.
+pub const RING_IDLE: Duration = Duration::from_secs(15 * 60);
 
 /// `every` scaled by a random factor in [0.75, 1.25).
 fn jittered(every: Duration) -> Duration {
@@ -117,6 +126,7 @@ impl HotList {
     pub fn plan(&self, queue: &str, group: &str, waits: bool) -> Plan {
         let defer = waits && self.background();
         self.with_ring(queue, group, |r| {
+            r.last_used = Instant::now();
             if r.seeding.is_some() {
                 return Plan::Seeding;
             }
@@ -173,7 +183,30 @@ impl HotList {
             refilled: Arc::new(Notify::new()),
             seeding,
             deep: false,
+            last_used: Instant::now(),
         }
+    }
+
+    /// Drops the rings no pop has used for `idle` (none with a candidate
+    /// checked out or a first contact in flight); how many.
+    pub fn evict_idle(&self, idle: Duration) -> usize {
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        let mut dropped = 0;
+        rings.retain(|_, groups| {
+            groups.retain(|_, r| {
+                let busy = r.seeding.is_some() || r.members.values().any(|m| matches!(m, Member::Out { .. }));
+                let keep = busy || r.last_used.elapsed() < idle;
+                dropped += usize::from(!keep);
+                keep
+            });
+            !groups.is_empty()
+        });
+        dropped
+    }
+
+    /// Rings held, of every queue and group.
+    pub fn rings(&self) -> usize {
+        self.rings.lock().expect("hot-list lock poisoned").values().map(HashMap::len).sum()
     }
 
     /// Creates a ring whose first reseed is due now.
@@ -276,6 +309,7 @@ impl HotList {
     pub fn checkout(self: &Arc<Self>, queue: &str, group: &str, k: usize) -> Checkout {
         let (taken, deep) = self
             .with_ring(queue, group, |r| {
+                r.last_used = Instant::now();
                 let n = k.min(r.ready.len());
                 let taken: Vec<(i64, Arc<str>)> = r.ready.drain(..n).collect();
                 for (pid, _) in &taken {
@@ -633,6 +667,23 @@ mod tests {
         l.reseed("q", "g", vec![(9, "r".into())]);
         assert_eq!(l.estimate("q", "g"), None);
         assert_eq!(HotList::new(Duration::from_secs(1)).estimate("x", "g"), None);
+    }
+
+    #[test]
+    fn idle_rings_go_and_busy_ones_stay() {
+        let l = HotList::new(Duration::from_secs(3600));
+        l.create("q", "gone");
+        l.create("q", "busy");
+        l.pushed("q", 7, "p", 1);
+        let out = l.checkout("q", "busy", 1);
+        assert_eq!(out.pids(), vec![7]);
+        assert_eq!(l.evict_idle(Duration::from_secs(3600)), 0, "both were used just now");
+        assert_eq!(l.evict_idle(Duration::ZERO), 1, "the idle one goes; the one with a candidate out stays");
+        assert_eq!(l.rings(), 1);
+        assert_eq!(l.plan("q", "gone", false), Plan::NoRing, "its next pop builds it again");
+        drop(out);
+        assert_eq!(l.evict_idle(Duration::ZERO), 1);
+        assert_eq!(l.rings(), 0);
     }
 
     #[test]

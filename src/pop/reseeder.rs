@@ -30,6 +30,11 @@ impl PopService {
     /// Reseeds up to [`MAX_RINGS`] due idle rings in one round trip; returns
     /// how many. A failure leaves them for their next period.
     pub async fn reseed_idle_rings(&self) -> Result<usize, PopError> {
+        let dropped = self.hotlist.evict_idle(super::hotlist::RING_IDLE);
+        if dropped > 0 {
+            tracing::debug!(rings = dropped, "dropped candidate rings no pop used for 15 minutes");
+        }
+        metrics::gauge!("queen_hotlist_rings").set(self.hotlist.rings() as f64);
         let due = self.hotlist.take_due_idle(MAX_RINGS);
         if due.is_empty() {
             return Ok(0);
