@@ -351,3 +351,41 @@ async fn a_pre_compressed_binary_push_is_sealed_and_deduplication_still_sees_the
     assert_eq!(again[0]["message_id"], ids[0].to_string());
     assert_eq!(b.pop("/api/v1/pop/queue/bin-vault?batch=5").await.data(), vec![payload(3)]);
 }
+
+/// Issue 45: a timer of an encrypting queue kept its payload in the clear
+/// in `queen.timers` until it fired. It is sealed from the schedule on,
+/// opened by the fire (and by the peek), and a broker without the key
+/// refuses to schedule one.
+#[tokio::test]
+async fn a_timer_of_an_encrypting_queue_is_sealed_until_it_fires() {
+    use base64::Engine as _;
+    let a = with_key(&[]).await;
+    encrypt(&a, "vault", json!({})).await;
+    let schedule = |key: &str, delay_ms: i64| {
+        json!({"operations": [{"op": "schedule", "queue": "vault", "timerKey": key, "delayMs": delay_ms, "txn": format!("t-{key}"),
+                               "payload": base64::engine::general_purpose::STANDARD.encode(payload(1).to_string())}]})
+    };
+    let (status, r) = a.post("/api/v1/timers", schedule("later", 600_000)).await;
+    assert_eq!((status, r["results"][0]["status"].clone()), (200, json!("scheduled")), "{r}");
+    let due = chrono::DateTime::parse_from_rfc3339(r["results"][0]["deliverAt"].as_str().unwrap()).unwrap();
+    assert!(due.with_timezone(&chrono::Utc) < chrono::Utc::now() + chrono::Duration::minutes(11), "the answer says the real due time");
+    let sql = a.sql().await;
+    let row = sql.query_one("SELECT payload, sealed, deliver_at::text FROM queen.timers WHERE timer_key = 'later'", &[]).await.unwrap();
+    let (clear, sealed, deliver_at): (String, Option<Vec<u8>>, String) = (row.get(0), row.get(1), row.get(2));
+    assert!(!clear.contains(SECRET) && !contains(sealed.as_deref().unwrap(), SECRET.as_bytes()), "no plaintext at rest");
+    assert!(deliver_at.starts_with("9999-"), "out of an older broker's sight: {deliver_at}");
+    let (_, peek) = a.get("/api/v1/timers/vault/later").await;
+    assert_eq!((peek["encrypted"].clone(), peek["payload"].clone()), (json!(true), payload(1)), "{peek}");
+    assert!(!peek["deliverAt"].as_str().unwrap().starts_with("9999"), "{peek}");
+    // A keyless broker on the same database refuses to schedule one.
+    let keyless = on_db(&a.db, &[]).await;
+    let (status, body) = keyless.post("/api/v1/timers", schedule("keyless", 0)).await;
+    assert_eq!((status, body["code"].clone()), (503, json!("encryption_key_missing")), "{body}");
+    // Due now: fired, delivered opened, stored sealed again.
+    assert_eq!(a.post("/api/v1/timers", schedule("now", 0)).await.0, 200);
+    let popped = a.pop("/api/v1/pop/queue/vault?wait=true&timeout=5000").await;
+    assert_eq!(popped.data(), vec![payload(1)]);
+    assert!(stored_frames(&a, "vault").await.iter().all(|(sealed, body, _)| *sealed && !contains(body, SECRET.as_bytes())));
+    let left: i64 = sql.query_one("SELECT count(*) FROM queen.timers", &[]).await.unwrap().get(0);
+    assert_eq!(left, 1, "the far one waits, the keyless one never was");
+}

@@ -289,7 +289,11 @@ pub async fn run(
         }
     }
     if !timer_ops.is_empty() {
-        for mut r in crate::timers::run(&tx, &timer_ops, producer).await? {
+        let fired = crate::timers::run(&tx, &timer_ops, producer, coalescer.encryption()).await.map_err(|e| match e {
+            crate::timers::TimerError::Db(db) => TxnError::Db(db),
+            crate::timers::TimerError::NoKey(k) => TxnError::NoKey(k),
+        })?;
+        for mut r in fired {
             r["index"] = json!(results.len());
             r["type"] = json!("timer");
             results.push(r);

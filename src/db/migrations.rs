@@ -57,6 +57,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(21, "0021_eviction_without_cursor.sql"),
     migration!(22, "0022_push_function_names.sql"),
     migration!(23, "0023_lock_subjects.sql"),
+    migration!(24, "0024_sealed_timers.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -183,8 +184,9 @@ mod tests {
         }
         // Called only by brokers of the previous version during a rolling
         // upgrade (0022_push_function_names.sql keeps them as wrappers;
-        // 0023_lock_subjects.sql keeps the subject-less lock functions).
-        live.extend(["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1"].map(String::from));
+        // 0023_lock_subjects.sql keeps the subject-less lock functions,
+        // 0024_sealed_timers.sql the schedule that cannot seal).
+        live.extend(["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1"].map(String::from));
         let mut i = 0;
         while i < live.len() {
             let body = &defined[&live[i]];

@@ -45,15 +45,16 @@ pub async fn batch(State(state): State<AppState>, principal: Option<axum::Extens
     // One transaction: a call is applied whole or not at all, also when the
     // database fails half-way through it.
     let applied = async {
-        let mut client = state.pool.get().await?;
+        let mut client = state.pool.get().await.map_err(crate::db::DbError::from)?;
         let tx = client.transaction().await?;
-        let results = timers::run(&tx, &ops, producer.as_deref()).await?;
-        tx.commit().await?;
-        Ok::<_, crate::db::DbError>(results)
+        let results = timers::run(&tx, &ops, producer.as_deref(), state.coalescer.encryption()).await?;
+        tx.commit().await.map_err(crate::db::DbError::from)?;
+        Ok::<_, timers::TimerError>(results)
     };
     match applied.await {
         Ok(results) => Json(json!({"results": results})).into_response(),
-        Err(e) => unavailable(e),
+        Err(timers::TimerError::Db(e)) => unavailable(e),
+        Err(timers::TimerError::NoKey(k)) => super::error::ApiError::NoKey(k.to_string()).into_response(),
     }
 }
 
@@ -78,7 +79,7 @@ pub async fn list(State(state): State<AppState>, Path(queue): Path<String>, RawQ
 
 /// `GET /api/v1/timers/{queue}/{key…}`: the pending timer or `{found: false}`.
 pub async fn peek(State(state): State<AppState>, Path((queue, key)): Path<(String, String)>) -> Response {
-    timers::peek(&state.pool, &queue, &key).await.map(|v| Json(v).into_response()).unwrap_or_else(unavailable)
+    timers::peek(&state.pool, state.coalescer.encryption().ring(), &queue, &key).await.map(|v| Json(v).into_response()).unwrap_or_else(unavailable)
 }
 
 /// `DELETE /api/v1/timers/{queue}/{key…}` (`?txn=`): one cancel result.
@@ -91,8 +92,9 @@ pub async fn cancel(State(state): State<AppState>, Path((queue, key)): Path<(Str
         Ok(c) => c,
         Err(e) => return unavailable(e.into()),
     };
-    match timers::run(&client, &[TimerOp::Cancel { queue, key, txn }], None).await {
+    match timers::run(&client, &[TimerOp::Cancel { queue, key, txn }], None, state.coalescer.encryption()).await {
         Ok(mut results) => Json(results.remove(0)).into_response(),
-        Err(e) => unavailable(e),
+        Err(timers::TimerError::Db(e)) => unavailable(e),
+        Err(timers::TimerError::NoKey(k)) => super::error::ApiError::NoKey(k.to_string()).into_response(),
     }
 }

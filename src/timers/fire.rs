@@ -83,6 +83,8 @@ struct Due {
     txn: String,
     message_id: uuid::Uuid,
     producer: Option<String>,
+    /// Its payload was sealed (its due time is `sealed_due_at`).
+    sealed: bool,
 }
 
 /// Fires up to `batch` due timers; `(fired, more may be due)`.
@@ -114,8 +116,9 @@ async fn fire_batch(
     let tx = client.transaction().await?;
     let rows = tx
         .query(
-            "SELECT queue, timer_key, partition, payload, txn, message_id, producer_sub FROM queen.timers
-             WHERE deliver_at <= now() ORDER BY deliver_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+            "SELECT queue, timer_key, partition, payload, txn, message_id, producer_sub, sealed FROM queen.timers
+             WHERE deliver_at <= now() OR sealed_due_at <= now()
+             ORDER BY COALESCE(sealed_due_at, deliver_at) LIMIT $1 FOR UPDATE SKIP LOCKED",
             &[&batch],
         )
         .await?;
@@ -125,8 +128,10 @@ async fn fire_batch(
     // One group per (producer, queue, partition): the unit that succeeds
     // or fails together (one segment write).
     let mut groups: HashMap<(Option<String>, String, String), Vec<Due>> = HashMap::new();
+    // Sealed payloads that do not open: set aside like a failed write.
+    let mut unopened: Vec<(Due, String, Failure)> = Vec::new();
     for r in &rows {
-        let due = Due {
+        let mut due = Due {
             queue: r.get(0),
             key: r.get(1),
             partition: r.get(2),
@@ -134,11 +139,25 @@ async fn fire_batch(
             txn: r.get(4),
             message_id: r.get(5),
             producer: r.get(6),
+            sealed: false,
         };
+        if let Some(env) = r.get::<_, Option<&[u8]>>(7) {
+            due.sealed = true;
+            match super::open_sealed(coalescer.encryption().ring(), env, &due.message_id) {
+                Ok(plain) => due.payload = plain,
+                Err(e) => {
+                    // Without the key a broker with it will fire it; a
+                    // corrupt envelope never opens.
+                    let how = if matches!(e, crate::crypto::OpenError::NoKey | crate::crypto::OpenError::UnknownKey(_)) { Failure::NotCounted } else { Failure::Hopeless };
+                    unopened.push((due, format!("sealed payload: {e}"), how));
+                    continue;
+                }
+            }
+        }
         groups.entry((due.producer.clone(), due.queue.clone(), due.partition.clone())).or_default().push(due);
     }
     let (mut fired_queues, mut fired_keys) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
-    let mut failed: Vec<(&Due, String, Failure)> = Vec::new();
+    let mut failed: Vec<(&Due, String, Failure)> = unopened.iter().map(|(d, e, how)| (d, e.clone(), *how)).collect();
     let mut pushed = Vec::new();
     for ((producer, _, _), due) in &groups {
         // A payload that is not JSON can never fire: parked at once.
@@ -248,9 +267,14 @@ async fn record_failures(tx: &deadpool_postgres::Transaction<'_>, failed: &[(&Du
             .get(0);
         let parked = attempts >= MAX_ATTEMPTS;
         let delay_ms = retry_delay(attempts).as_millis() as i64;
+        // A sealed timer's due time is `sealed_due_at` (its `deliver_at`
+        // stays in the far future, out of an older broker's sight).
+        let column = if d.sealed { "sealed_due_at" } else { "deliver_at" };
         tx.execute(
-            "UPDATE queen.timers SET deliver_at = CASE WHEN $3 THEN timestamptz '9999-12-31 00:00:00+00' ELSE now() + $4::bigint * interval '1 millisecond' END
-             WHERE queue = $1 AND timer_key = $2",
+            &format!(
+                "UPDATE queen.timers SET {column} = CASE WHEN $3 THEN timestamptz '9999-12-31 00:00:00+00' ELSE now() + $4::bigint * interval '1 millisecond' END
+                 WHERE queue = $1 AND timer_key = $2"
+            ),
             &[&d.queue, &d.key, &parked, &delay_ms],
         )
         .await?;

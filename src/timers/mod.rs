@@ -8,6 +8,10 @@
 //! transaction, so each fires exactly once. The verdicts live in the stored
 //! functions; this module validates operations and renders answers. The
 //! same [`run`] serves the route and a transaction's `timers` rider.
+//!
+//! A timer of a queue that encrypts keeps its payload sealed until it fires
+//! (migrations/0024_sealed_timers.sql): the envelope is bound to the timer's
+//! message id; a broker without the key refuses to schedule one (503).
 
 pub mod fire;
 
@@ -18,6 +22,27 @@ use uuid::Uuid;
 
 use crate::admin::iso_ms;
 use crate::db::DbError;
+
+/// Why [`run`] failed: the database, or a schedule to a queue that
+/// encrypts on a broker without the key (nothing applied).
+#[derive(Debug, thiserror::Error)]
+pub enum TimerError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    NoKey(#[from] crate::crypto::NoKeyToSeal),
+}
+
+impl From<tokio_postgres::Error> for TimerError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        TimerError::Db(DbError::Pg(e))
+    }
+}
+
+/// Opens a sealed timer's payload (bound to its message id).
+pub fn open_sealed(ring: Option<&crate::crypto::KeyRing>, sealed: &[u8], message_id: &Uuid) -> Result<String, crate::crypto::OpenError> {
+    crate::crypto::open(ring, sealed, message_id.as_bytes()).map(|p| String::from_utf8_lossy(&p).into_owned())
+}
 
 /// Largest payload, as JSON text after base64 (and zstd) decoding.
 pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
@@ -123,6 +148,9 @@ fn parse_one(op: &Value, at: &str) -> Result<TimerOp, String> {
             }
             let payload = String::from_utf8(bytes).map_err(|_| format!("{at}.payload: the decoded bytes are not UTF-8 JSON"))?;
             serde_json::from_str::<serde::de::IgnoredAny>(&payload).map_err(|e| format!("{at}.payload: the decoded bytes are not JSON ({e})"))?;
+            if crate::push::validate::holds_nul(&payload) {
+                return Err(format!("{at}.payload: {}", crate::push::validate::NUL_REFUSED));
+            }
             let txn = txn.unwrap_or_else(|| Uuid::now_v7().to_string());
             Ok(TimerOp::Schedule { queue, key, partition, payload, txn, delay_ms })
         }
@@ -135,15 +163,22 @@ fn parse_one(op: &Value, at: &str) -> Result<TimerOp, String> {
 /// Applies `ops` in order on `client` (a connection, or a bundle's
 /// transaction); one result per operation. `producer` is the caller's JWT
 /// subject, stamped on the message the timer becomes.
-pub async fn run<C: GenericClient>(client: &C, ops: &[TimerOp], producer: Option<&str>) -> Result<Vec<Value>, DbError> {
+pub async fn run<C: GenericClient>(
+    client: &C,
+    ops: &[TimerOp],
+    producer: Option<&str>,
+    encryption: &crate::crypto::Encryption,
+) -> Result<Vec<Value>, TimerError> {
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         let (queue, key, row) = match op {
             TimerOp::Schedule { queue, key, partition, payload, txn, delay_ms } => {
+                let message_id = Uuid::now_v7();
+                let sealed = encryption.sealing(queue)?.map(|ring| ring.seal(payload.as_bytes(), message_id.as_bytes()));
                 let row = client
                     .query_one(
-                        "SELECT ok, status, txn, message_id, deliver_at FROM queen.timer_schedule_v1($1, $2, $3, $4, $5, $6, $7, $8)",
-                        &[queue, key, partition, payload, txn, &Uuid::now_v7(), &producer, delay_ms],
+                        "SELECT ok, status, txn, message_id, deliver_at FROM queen.timer_schedule_v2($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                        &[queue, key, partition, payload, &sealed, txn, &message_id, &producer, delay_ms],
                     )
                     .await?;
                 (queue, key, row)
@@ -165,22 +200,38 @@ fn verdict_json(queue: &str, key: &str, r: &tokio_postgres::Row) -> Value {
 }
 
 /// `GET /api/v1/timers/{queue}/{key…}`: the pending timer, or `{found: false}`.
-pub async fn peek(pool: &deadpool_postgres::Pool, queue: &str, key: &str) -> Result<Value, DbError> {
+pub async fn peek(pool: &deadpool_postgres::Pool, ring: Option<&crate::crypto::KeyRing>, queue: &str, key: &str) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let row = client
         .query_opt(
-            "SELECT partition, payload, txn, message_id, deliver_at, attempts, created_at, updated_at, last_error
+            "SELECT partition, payload, txn, message_id, COALESCE(sealed_due_at, deliver_at), attempts, created_at, updated_at, last_error, sealed
              FROM queen.timers WHERE queue = $1 AND timer_key = $2",
             &[&queue, &key],
         )
         .await?;
     Ok(match row {
         None => json!({"found": false, "queue": queue, "timerKey": key}),
-        Some(r) => json!({"found": true, "queue": queue, "timerKey": key, "partition": r.get::<_, String>(0),
-                          "payload": serde_json::from_str::<Value>(r.get(1)).unwrap_or(Value::Null), "encrypted": false,
-                          "txn": r.get::<_, String>(2), "messageId": r.get::<_, Uuid>(3), "deliverAt": iso_ms(r.get(4)),
-                          "attempts": r.get::<_, i32>(5), "createdAt": iso_ms(r.get(6)), "updatedAt": iso_ms(r.get(7)),
-                          "lastError": r.get::<_, Option<String>>(8)}),
+        Some(r) => {
+            let message_id: Uuid = r.get(3);
+            let sealed: Option<Vec<u8>> = r.get(9);
+            // A sealed payload is shown opened, or null beside why it did not open.
+            let (payload, decrypt_error) = match &sealed {
+                None => (serde_json::from_str::<Value>(r.get(1)).unwrap_or(Value::Null), None),
+                Some(env) => match open_sealed(ring, env, &message_id) {
+                    Ok(text) => (serde_json::from_str::<Value>(&text).unwrap_or(Value::Null), None),
+                    Err(e) => (Value::Null, Some(format!("decrypt failed: {e}"))),
+                },
+            };
+            let mut v = json!({"found": true, "queue": queue, "timerKey": key, "partition": r.get::<_, String>(0),
+                               "payload": payload, "encrypted": sealed.is_some(),
+                               "txn": r.get::<_, String>(2), "messageId": message_id, "deliverAt": iso_ms(r.get(4)),
+                               "attempts": r.get::<_, i32>(5), "createdAt": iso_ms(r.get(6)), "updatedAt": iso_ms(r.get(7)),
+                               "lastError": r.get::<_, Option<String>>(8)});
+            if let Some(e) = decrypt_error {
+                v["decryptError"] = json!(e);
+            }
+            v
+        }
     })
 }
 
@@ -190,7 +241,7 @@ pub async fn list(pool: &deadpool_postgres::Pool, queue: &str, after: Option<&st
     let client = pool.get().await?;
     let rows = client
         .query(
-            "SELECT timer_key, partition, txn, message_id, deliver_at, attempts FROM queen.timers
+            "SELECT timer_key, partition, txn, message_id, COALESCE(sealed_due_at, deliver_at), attempts FROM queen.timers
              WHERE queue = $1 AND ($2::text IS NULL OR timer_key > $2) ORDER BY timer_key LIMIT $3",
             &[&queue, &after, &(limit + 1)],
         )
