@@ -55,7 +55,8 @@ async fn open_store(config: &Config) -> Result<Store, BootError> {
         }
         other => (db::pg_config(other)?, None),
     };
-    let pool = db::pool(config, pg.clone())?;
+    let settings = db::PoolSettings { size: config.pool_size, wait: config.pool_wait, statement_timeout: config.statement_timeout };
+    let pool = db::pool(settings, pg.clone())?;
     Ok(Store { pool, pg, embedded })
 }
 
@@ -128,9 +129,16 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let local = listener.local_addr().map_err(BootError::Serve)?;
     let encryption = crate::crypto::Encryption::new(config.encryption.as_ref());
     // Before the first push: a broker that has not loaded which queues
-    // encrypt would write their payloads in the clear (one with a key), or
-    // not know to refuse them (one without).
-    encryption.refresh(&store.pool).await?;
+    // encrypt would write their payloads in the clear (one with a key: its
+    // boot needs the database), or not know to refuse them (one without: it
+    // boots anyway, to answer /health and spool, and loads the set at the
+    // next cache refresh; docs/DECISIONS.md "Hardening").
+    if let Err(e) = crate::admin::configure::refresh_encrypted(&store.pool, &encryption).await {
+        if encryption.ring().is_some() {
+            return Err(e.into());
+        }
+        tracing::warn!(error = %e, "could not read which queues encrypt; retried every QUEEN_CACHE_REFRESH_INTERVAL_MS");
+    }
     if let Some(ring) = encryption.ring() {
         tracing::info!(key = %ring.current_id(), "encryption at rest: payloads of queues with encryptionEnabled are sealed under this key");
     }
@@ -154,7 +162,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let (p, sealing) = (store.pool.clone(), encryption.clone());
     crate::maintenance::spawn_service("encrypted_queues", config.queue_cache_refresh, stop_services.subscribe(), move || {
         let (p, sealing) = (p.clone(), sealing.clone());
-        async move { sealing.refresh(&p).await.map(|()| false) }
+        async move { crate::admin::configure::refresh_encrypted(&p, &sealing).await.map(|()| false) }
     });
     let switches = Arc::new(crate::admin::switches::Switches::default());
     if let Err(e) = switches.refresh(&store.pool).await {
@@ -275,7 +283,7 @@ fn spawn_reloader(state: AppState, encryption: Arc<crate::crypto::Encryption>, m
             }
             let switched = reread_switches(&state.pool, &state.switches, &state.push_maintenance, &state.pop).await;
             let settings = state.pop.settings.refresh(&state.pool).await;
-            let sealing = encryption.refresh(&state.pool).await;
+            let sealing = crate::admin::configure::refresh_encrypted(&state.pool, &encryption).await;
             for e in [switched.err(), settings.err(), sealing.err()].into_iter().flatten() {
                 tracing::warn!(error = %e, "rereading what another broker changed failed; the cache refresh will");
             }

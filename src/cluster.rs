@@ -280,7 +280,7 @@ pub async fn brokers(pool: &deadpool_postgres::Pool, instance: &str) -> Result<V
             let age: f64 = r.get(5);
             let id: String = r.get(0);
             json!({"instance": id, "serverId": r.get::<_, String>(1), "version": r.get::<_, String>(2),
-                   "startedAt": crate::admin::iso_ms(r.get(3)), "heartbeatAt": crate::admin::iso_ms(r.get(4)),
+                   "startedAt": crate::json::iso_ms(r.get(3)), "heartbeatAt": crate::json::iso_ms(r.get(4)),
                    "secondsSinceHeartbeat": (age * 1000.0).round() / 1000.0, "live": age <= LIVE_WITHIN_SECONDS, "self": id == instance})
         })
         .collect();

@@ -9,16 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Where the broker's PostgreSQL lives.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Database {
-    /// `QUEEN_DATABASE_URL`: a libpq connection string or URL.
-    Url(String),
-    /// `PG_HOST` and friends.
-    Params { host: String, port: u16, user: String, password: String, dbname: String },
-    /// Neither was given: a private cluster under this directory.
-    Embedded { data_dir: PathBuf },
-}
+pub use crate::db::Database;
 
 /// The coalescer's bounds (API.md §5.3, `QUEEN_V2_FUSION_*`).
 #[derive(Debug, Clone, PartialEq)]
@@ -158,6 +149,31 @@ pub struct Limits {
     pub max_inflight_admin: usize,
 }
 
+/// The limits of a KV call (`QUEEN_KV_*`): here, with every other setting,
+/// so the configuration imports nothing of the families it configures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvLimits {
+    pub max_value_bytes: usize,
+    pub max_key_bytes: usize,
+    pub max_ops_per_call: usize,
+    pub max_keys_per_call: usize,
+    pub max_read_bytes: usize,
+    pub max_prefix_limit: i64,
+}
+
+impl Default for KvLimits {
+    fn default() -> Self {
+        KvLimits {
+            max_value_bytes: 65_536,
+            max_key_bytes: 512,
+            max_ops_per_call: 256,
+            max_keys_per_call: 1024,
+            max_read_bytes: 4 * 1024 * 1024,
+            max_prefix_limit: 1000,
+        }
+    }
+}
+
 /// The whole configuration of one broker process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -225,7 +241,7 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvConfig {
     pub enabled: bool,
-    pub limits: crate::kv::KvLimits,
+    pub limits: KvLimits,
     pub sweep_interval: Duration,
 }
 
@@ -511,7 +527,7 @@ impl Config {
             timers_batch: env.parse(&["QUEEN_TIMERS_BATCH_SIZE"], 1000i64, "a batch size from 1 to 10000", |v| (1..=10_000).contains(v))?,
             kv: KvConfig {
                 enabled: env.boolean(&["QUEEN_KV_ENABLED"], true)?,
-                limits: crate::kv::KvLimits {
+                limits: KvLimits {
                     max_value_bytes: env.parse(&["QUEEN_KV_MAX_VALUE_BYTES"], 65_536usize, "a byte count from 1 to 16777216", |v| (1..=16 << 20).contains(v))?,
                     max_key_bytes: env.parse(&["QUEEN_KV_MAX_KEY_BYTES"], 512usize, "a byte count from 1 to 4096", |v| (1..=4096).contains(v))?,
                     max_ops_per_call: env.parse(&["QUEEN_KV_MAX_OPS_PER_CALL"], 256usize, "a count from 1 to 10000", |v| (1..=10_000).contains(v))?,

@@ -7,11 +7,19 @@
 //!
 //! Writing: the push and ack answers hold one object per message and are
 //! written by hand (serde's formatting was a top symbol of both paths); they
-//! share the integer and string writers.
+//! share the integer and string writers. Timestamps in answers are written
+//! by [`iso_ms`], here because every family answers them (a leaf module: it
+//! imports nothing of the crate).
 
 use std::marker::PhantomData;
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+
+/// Timestamps as answers show them: milliseconds, UTC, literal `Z`
+/// (API.md §6 A-14).
+pub fn iso_ms(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
 
 /// `T` read from a JSON object only.
 pub struct ObjectOnly<T>(pub T);

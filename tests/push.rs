@@ -375,7 +375,7 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     let first = b.push_to("grp", "b", &[json!("original")]).await;
     let original = first[0]["messageId"].as_str().unwrap().to_string();
     let sql = b.sql().await;
-    let dup = queen::push::coalescer::txn_hash(first[0]["transactionId"].as_str().unwrap());
+    let dup = queen::log::txn_hash(first[0]["transactionId"].as_str().unwrap());
     let blob = |frames: &[&str]| {
         let mut raw = Vec::new();
         for f in frames {
@@ -731,7 +731,7 @@ async fn the_previous_versions_push_functions_still_write_through_their_wrappers
         .await
         .unwrap();
     assert_eq!((one.get::<_, Option<i64>>(0), one.get::<_, Option<i32>>(1)), (Some(0), Some(0)));
-    let h = queen::push::coalescer::txn_hash("old-2");
+    let h = queen::log::txn_hash("old-2");
     let rows = sql
         .query(
             "SELECT o_seg, o_base_offset, o_dup_index FROM queen.push_segments_v2('windowed', $1, $2, $3, $4, $5, $6, $7) WHERE o_seen_base IS NULL",

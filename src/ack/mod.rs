@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
-use crate::push::coalescer::txn_hash;
+use crate::log::txn_hash;
 use crate::registry::{self, AckRegistry};
 
 /// What an ack says about its message, normalized.

@@ -245,6 +245,16 @@ pub fn options_json(row: &tokio_postgres::Row) -> Value {
     Value::Object(o)
 }
 
+/// Reloads which queues encrypt (`queues.encryption_enabled`) into the
+/// broker's encryption state: at boot, every cache refresh, and when another
+/// broker announces a change.
+pub async fn refresh_encrypted(pool: &deadpool_postgres::Pool, encryption: &crate::crypto::Encryption) -> Result<(), DbError> {
+    let since = encryption.generation();
+    let rows = pool.get().await?.query("SELECT name FROM queen.queues WHERE encryption_enabled", &[]).await?;
+    encryption.reload(since, rows.iter().map(|r| r.get(0)).collect());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

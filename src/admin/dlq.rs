@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
-use super::{iso_ms, raw_json};
+use super::raw_json;
+use crate::json::iso_ms;
 use crate::db::DbError;
 
 /// The listing filters.

@@ -9,7 +9,7 @@
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
-use super::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 
 const LAG_SECONDS: &str = "EXTRACT(EPOCH FROM now() - oldest_unconsumed_at)::float8";

@@ -15,11 +15,12 @@ use deadpool_postgres::{GenericClient, Pool};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use super::{iso_ms, raw_json};
+use super::raw_json;
+use crate::json::iso_ms;
 use crate::crypto::KeyRing;
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
-use crate::push::coalescer::txn_hash;
+use crate::log::txn_hash;
 use crate::push::{Coalescer, PushItem};
 
 /// Most messages one listing call decodes, whatever the filters.

@@ -10,12 +10,6 @@ pub mod resources;
 pub mod status;
 pub mod switches;
 
-use chrono::{DateTime, Utc};
-
-/// Listing timestamps: milliseconds, UTC, literal `Z` (API.md §6 A-14).
-pub fn iso_ms(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
-}
 
 /// A payload as an operator's read shows it: the JSON text, opened when it
 /// is an envelope. An envelope that does not open shows as `null` with the

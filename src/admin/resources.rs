@@ -9,7 +9,7 @@ use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
 use super::configure::options_json;
-use super::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 
 /// `GET /api/v1/resources/queues?limit=&offset=&search=`

@@ -11,7 +11,7 @@ use chrono::{DateTime, Duration, Utc};
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
-use super::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 
 /// Filters shared by the status routes.

@@ -24,8 +24,9 @@
 //! message by its transactionId need them, and PostgreSQL never looks inside
 //! a segment anyway.
 //!
-//! This module is pure apart from [`SealedQueues::refresh`]: the envelope
-//! and the ring know nothing of HTTP or PostgreSQL.
+//! This module is pure: the envelope, the ring and the set of sealing
+//! queues know nothing of HTTP or PostgreSQL (the set is loaded by
+//! `admin::configure::refresh_encrypted`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -265,14 +266,18 @@ impl Encryption {
         });
     }
 
-    /// Reloads the queues that encrypt (a broker without a key loads them
-    /// too, to refuse their pushes).
-    pub async fn refresh(&self, pool: &deadpool_postgres::Pool) -> Result<(), crate::db::DbError> {
-        let since = self.queues.generation();
-        let client = pool.get().await?;
-        let rows = client.query("SELECT name FROM queen.queues WHERE encryption_enabled", &[]).await?;
-        self.queues.replace_unless_changed(since, rows.iter().map(|r| r.get(0)).collect());
-        Ok(())
+    /// The set's generation, for [`Encryption::reload`].
+    pub fn generation(&self) -> u64 {
+        self.queues.generation()
+    }
+
+    /// The queues that encrypt, as the database says now (read at
+    /// `generation` `since`): a local `/configure` made meanwhile wins. A
+    /// broker without a key loads them too, to refuse their pushes. The
+    /// query lives with the option it reads (`admin::configure`), so this
+    /// module stays pure.
+    pub fn reload(&self, since: u64, queues: HashSet<String>) {
+        self.queues.replace_unless_changed(since, queues);
     }
 }
 

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
-use crate::config::{Config, Database};
 
 /// A database failure, as callers see it.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +85,27 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// Where the broker's PostgreSQL lives (read by `config`; `db` takes its
+/// settings as arguments and imports nothing of the configuration).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Database {
+    /// `QUEEN_DATABASE_URL`: a libpq connection string or URL.
+    Url(String),
+    /// `PG_HOST` and friends.
+    Params { host: String, port: u16, user: String, password: String, dbname: String },
+    /// Neither was given: a private cluster under this directory.
+    Embedded { data_dir: std::path::PathBuf },
+}
+
+/// What the pool is built with (`DB_POOL_SIZE`, `DB_CONNECTION_TIMEOUT`,
+/// `QUEEN_STMT_TIMEOUT_MS`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolSettings {
+    pub size: usize,
+    pub wait: Duration,
+    pub statement_timeout: Duration,
+}
+
 /// Builds the libpq-level configuration for an explicitly configured database
 /// (the embedded cluster builds its own).
 ///
@@ -119,8 +139,8 @@ pub fn pg_config(database: &Database) -> Result<tokio_postgres::Config, DbError>
 
 /// Creates the pool. Connections open lazily, so this does not touch the
 /// database; the first query does.
-pub fn pool(config: &Config, mut pg: tokio_postgres::Config) -> Result<Pool, DbError> {
-    let timeout_ms = config.statement_timeout.as_millis();
+pub fn pool(settings: PoolSettings, mut pg: tokio_postgres::Config) -> Result<Pool, DbError> {
+    let timeout_ms = settings.statement_timeout.as_millis();
     pg.options(format!("-c TimeZone=UTC -c statement_timeout={timeout_ms}"));
     pg.application_name("queen");
     pg.connect_timeout(Duration::from_secs(5));
@@ -128,8 +148,8 @@ pub fn pool(config: &Config, mut pg: tokio_postgres::Config) -> Result<Pool, DbE
         recycling_method: RecyclingMethod::Fast,
     });
     Pool::builder(manager)
-        .max_size(config.pool_size)
-        .wait_timeout(Some(config.pool_wait))
+        .max_size(settings.size)
+        .wait_timeout(Some(settings.wait))
         .create_timeout(Some(Duration::from_secs(5)))
         .recycle_timeout(Some(Duration::from_secs(5)))
         .runtime(Runtime::Tokio1)

@@ -189,14 +189,14 @@ pub async fn subscription(
         return Ok(bad(json!({"error": "subscriptionTimestamp is required"})));
     };
     let n = groups::set_subscription(&state.pool, &group, ts).await?;
-    Ok(Json(json!({"success": true, "consumerGroup": group, "subscriptionTimestamp": crate::admin::iso_ms(ts), "queuesUpdated": n}))
+    Ok(Json(json!({"success": true, "consumerGroup": group, "subscriptionTimestamp": crate::json::iso_ms(ts), "queuesUpdated": n}))
         .into_response())
 }
 
 /// `POST /api/v1/stats/refresh`: figures are computed on read, so there is
 /// nothing to rebuild; the answer says when the next read will be current.
 pub async fn refresh_stats() -> Json<Value> {
-    Json(json!({"success": true, "message": "statistics are computed on read", "refreshedAt": crate::admin::iso_ms(chrono::Utc::now())}))
+    Json(json!({"success": true, "message": "statistics are computed on read", "refreshedAt": crate::json::iso_ms(chrono::Utc::now())}))
 }
 
 pub(super) fn scope(p: &Params) -> Result<crate::admin::status::Scope, ApiError> {

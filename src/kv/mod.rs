@@ -21,7 +21,7 @@ use deadpool_postgres::Pool;
 use serde_json::{json, Map, Value};
 use deadpool_postgres::GenericClient;
 
-use crate::admin::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 pub use ops::{parse, refuse_reserved, KvError, KvLimits, Op, LOCKS_NAMESPACE};
 

@@ -5,29 +5,7 @@
 
 use serde_json::Value;
 
-/// The limits of a call (docs/CONFIGURATION.md, `QUEEN_KV_*`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct KvLimits {
-    pub max_value_bytes: usize,
-    pub max_key_bytes: usize,
-    pub max_ops_per_call: usize,
-    pub max_keys_per_call: usize,
-    pub max_read_bytes: usize,
-    pub max_prefix_limit: i64,
-}
-
-impl Default for KvLimits {
-    fn default() -> Self {
-        KvLimits {
-            max_value_bytes: 65_536,
-            max_key_bytes: 512,
-            max_ops_per_call: 256,
-            max_keys_per_call: 1024,
-            max_read_bytes: 4 * 1024 * 1024,
-            max_prefix_limit: 1000,
-        }
-    }
-}
+pub use crate::config::KvLimits;
 
 /// Longest namespace, in bytes; its characters are `[A-Za-z0-9._:-]`.
 pub const MAX_NS_BYTES: usize = 128;

@@ -9,7 +9,7 @@ use base64::Engine as _;
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
-use crate::admin::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 
 /// The namespace the clients publish in.

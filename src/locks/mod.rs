@@ -22,7 +22,7 @@
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
-use crate::admin::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 use crate::kv::stmt;
 

@@ -38,6 +38,13 @@ pub struct Frame<'a> {
     pub payload: &'a [u8],
 }
 
+/// The 64-bit hash of a frame's transactionId, as the transaction index,
+/// the dedup memory and the segments' hash arrays keep it. xxh3 is a fixed,
+/// documented algorithm, so every broker computes the same value.
+pub fn txn_hash(transaction_id: &str) -> i64 {
+    xxhash_rust::xxh3::xxh3_64(transaction_id.as_bytes()) as i64
+}
+
 /// A string too long for its frame field: nothing was written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field} is {len} bytes; a frame holds at most {MAX_STR16}")]

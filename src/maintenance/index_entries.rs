@@ -10,7 +10,7 @@
 
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
-use crate::push::coalescer::txn_hash;
+use crate::log::txn_hash;
 
 /// Deletes entries by (partition, hash) inside the offsets given with each.
 const DELETE_SQL: &str = "

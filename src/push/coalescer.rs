@@ -280,12 +280,6 @@ fn unpack(blob: &[u8], items: usize) -> Result<Unpacked, Arc<PushError>> {
     Ok((out, ranges))
 }
 
-/// The 64-bit hash of a transactionId kept in the transaction index. xxh3 is
-/// a fixed, documented algorithm, so every broker computes the same value.
-pub fn txn_hash(transaction_id: &str) -> i64 {
-    xxhash_rust::xxh3::xxh3_64(transaction_id.as_bytes()) as i64
-}
-
 impl Inner {
     async fn run_lane(self: Arc<Self>, lane: Arc<Lane>) {
         let mut first = true;

@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-pub use coalescer::{txn_hash, Coalescer, EntryItem, Outcome};
+use crate::log::txn_hash;
+
+pub use coalescer::{Coalescer, EntryItem, Outcome};
 pub use segment::PushError;
 pub use validate::{parse_push_body, PushItem};
 

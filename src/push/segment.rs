@@ -205,7 +205,7 @@ pub(super) async fn originals(
                 (Some(base), Some(end), Some(blob), Some(true)) if off <= end => {
                     let frames = decompress_frames(blob, SEGMENT_LIMIT).ok()?;
                     let frame = FrameReader::new(&frames).nth(usize::try_from(off - base).ok()?)?.ok()?;
-                    (crate::push::coalescer::txn_hash(frame.transaction_id) == hash).then_some(frame.message_id)
+                    (crate::log::txn_hash(frame.transaction_id) == hash).then_some(frame.message_id)
                 }
                 _ => None,
             }

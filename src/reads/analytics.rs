@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use serde_json::{json, Map, Value};
 
-use crate::admin::iso_ms;
+use crate::json::iso_ms;
 use crate::admin::status::{queues_in_scope, throughput, traffic, Scope, PARTITION_PENDING, QUEUE_FILTER};
 use crate::db::DbError;
 

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use uuid::Uuid;
 
-use crate::admin::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 use crate::pop::params::QUEUE_MODE;
 use crate::push::validate::{MAX_TRANSACTION_ID_BYTES, NUL_REFUSED};

@@ -96,7 +96,7 @@ pub async fn state(pool: &Pool, q: &parse::StateGet) -> Result<Result<Value, Str
         }
         // A stored value is JSON the broker wrote; one that does not parse is a bad row, said so.
         let value = serde_json::from_str::<Value>(value).map_err(|e| DbError::Unexpected(format!("stream state row {key:?}: {e}")))?;
-        out.push(json!({"key": key, "value": value, "updated_at": crate::admin::iso_ms(r.get(2))}));
+        out.push(json!({"key": key, "value": value, "updated_at": crate::json::iso_ms(r.get(2))}));
     }
     Ok(Ok(json!({"success": true, "rows": out})))
 }

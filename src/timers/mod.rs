@@ -20,7 +20,7 @@ use deadpool_postgres::GenericClient;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::admin::iso_ms;
+use crate::json::iso_ms;
 use crate::db::DbError;
 
 /// Why [`run`] failed: the database, or a schedule to a queue that
