@@ -12,12 +12,8 @@ cd "$(dirname "$0")/.."
 bash scripts/ensure-postgres.sh
 cargo build --locked --bin queen -q
 VENV=target/fuzz-venv
-if [ ! -x "$VENV/bin/schemathesis" ] || ! cmp -s tests/fuzz/requirements.txt "$VENV/requirements.txt"; then
-    rm -rf "$VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r tests/fuzz/requirements.txt
-    cp tests/fuzz/requirements.txt "$VENV/requirements.txt"
-fi
+source scripts/lib/venv.sh
+ensure_venv "$VENV" tests/fuzz/requirements.txt
 source scripts/lib/pg-cluster.sh
 start_pg_cluster 5433 "-c fsync=off -c synchronous_commit=off"
 WORK=$(mktemp -d /tmp/queen-api-fuzz-XXXXXX)

@@ -6,13 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-postgres.sh
-if ! python3 -m venv --help >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    else
-        echo "python3 with the venv module is needed (apt-get install python3-venv)" >&2; exit 1
-    fi
-fi
 # The dashboard's browser test drives Debian's Chromium with its chromedriver.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -23,12 +16,8 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
 fi
 cargo build --locked --bin queen -q
 VENV=target/compat-venv
-if [ ! -x "$VENV/bin/pytest" ] || ! cmp -s tests/compat/requirements.txt "$VENV/requirements.txt"; then
-    rm -rf "$VENV"
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r tests/compat/requirements.txt
-    cp tests/compat/requirements.txt "$VENV/requirements.txt"
-fi
+source scripts/lib/venv.sh
+ensure_venv "$VENV" tests/compat/requirements.txt
 source scripts/lib/pg-cluster.sh
 start_pg_cluster 5432 "-c fsync=off -c synchronous_commit=off"
 trap stop_pg_cluster EXIT
