@@ -213,6 +213,9 @@ async fn another_subject_can_neither_read_nor_move_a_permit() {
     }
     let r = b.http.get(format!("{}/api/v1/kv/queen-locks/ledger%230", b.url)).bearer_auth(token("mallory")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 403);
+    // The operator's key listing shows the permit, not its token.
+    let (status, listed) = post_as(&b, "mallory", "/api/v1/resources/kv/list", json!({"ns": "queen-locks"})).await;
+    assert_eq!((status, listed["keys"][0]["key"].clone(), listed["keys"][0]["version"].clone()), (200, json!("ledger#0"), Value::Null), "{listed}");
     // A transaction may check a guard, and a lost one does not say which token holds.
     let (status, r) = post_as(&b, "mallory", "/api/v1/transaction", json!({"operations": [], "kv": [{"op": "delete", "ns": "queen-locks", "key": "ledger#0"}]})).await;
     assert_eq!(status, 403, "{r}");

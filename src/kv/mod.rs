@@ -255,11 +255,15 @@ pub async fn list(pool: &Pool, ns: &str, prefix: &str, after: Option<&str>, limi
         )
         .await?;
     let truncated = rows.len() as i64 > limit;
+    // A permit's version is its holder's token: the locks' keys are listed
+    // without it (the operator still sees which locks are held, and until when).
+    let tokens_hidden = ns == ops::LOCKS_NAMESPACE;
     let keys: Vec<Value> = rows
         .iter()
         .take(limit as usize)
         .map(|r| {
-            json!({"key": r.get::<_, String>(0), "bytes": r.get::<_, i64>(1), "version": r.get::<_, i64>(2),
+            let version = if tokens_hidden { Value::Null } else { json!(r.get::<_, i64>(2)) };
+            json!({"key": r.get::<_, String>(0), "bytes": r.get::<_, i64>(1), "version": version,
                    "expiresAt": time(r.get(3)), "updatedAt": time(r.get(4))})
         })
         .collect();
