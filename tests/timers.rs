@@ -217,17 +217,18 @@ async fn a_timer_key_twice_in_one_call_is_refused_whole() {
 async fn a_timer_that_cannot_fire_holds_back_no_other() {
     let b = Broker::start_with(&[("QUEEN_TIMERS_BATCH_SIZE", "10")]).await;
     let sql = b.sql().await;
-    // Bad rows, as a bug or a hand edit could leave them, due before the others.
+    // Bad rows, as a bug or a hand edit could leave them, due in the same
+    // partition and the same tick as five good ones (one statement: one batch).
     sql.execute(
-        "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at) VALUES
+        "INSERT INTO queen.timers (queue, timer_key, partition, payload, txn, message_id, deliver_at)
+         SELECT 'later', 'ok-' || i, 'Default', i::text, 't' || i, gen_random_uuid(), now() - interval '30 seconds' FROM generate_series(0, 4) i
+         UNION ALL VALUES
            ('later', 'bad-json', 'Default', 'not json', 'tj', gen_random_uuid(), now() - interval '1 minute'),
            ('later', 'bad-txn', 'Default', '1', repeat('x', 70000), gen_random_uuid(), now() - interval '1 minute')",
         &[],
     )
     .await
     .unwrap();
-    let ops: Vec<Value> = (0..5).map(|i| schedule("later", &format!("ok-{i}"), json!(i), 0, &format!("t{i}"))).collect();
-    timers(&b, json!(ops)).await;
     eventually("the good timers to fire", Duration::from_secs(10), || async { stored_messages(&sql, "later", "Default").await.len() == 5 }).await;
     let mut got: Vec<String> = stored_messages(&sql, "later", "Default").await.into_iter().map(|m| m.payload).collect();
     got.sort();

@@ -11,10 +11,10 @@
 //! is dropped, not delivered twice. After the commit the pushed partitions
 //! wake their long-polls like any push.
 //!
-//! One bad timer does not hold back the others (issue 45): each (producer,
-//! queue, partition) group is written under its own savepoint, and a group
-//! that fails (a payload that is not JSON, a partition the write refuses)
-//! is rolled back to it alone. Its timers stay, with `attempts` counted,
+//! One bad timer does not hold back the others (issue 45): when a batch
+//! fails, it is written again timer by timer, each under its own savepoint,
+//! and a timer that fails (a payload that is not JSON, a write refused) is
+//! rolled back to it alone. Its timers stay, with `attempts` counted,
 //! `last_error` said and `deliver_at` pushed back ([`retry_delay`]); after
 //! [`MAX_ATTEMPTS`] a timer is parked (`deliver_at` 9999-12-31, visible
 //! with its error through `GET /api/v1/timers/…`; a reschedule revives it),
@@ -90,9 +90,9 @@ struct Due {
 /// Fires up to `batch` due timers; `(fired, more may be due)`.
 ///
 /// The batch is first written whole, as one transaction without
-/// savepoints (two round trips a partition fewer: the common case). Only
-/// when a group fails is it written again, each group under its savepoint,
-/// so the failure stays with its own timers.
+/// savepoints, a segment per partition (the common case). Only when that
+/// fails is it written again timer by timer, each under its savepoint, so
+/// the failure stays with the timer that caused it.
 pub async fn tick(
     pool: &deadpool_postgres::Pool,
     coalescer: &crate::push::Coalescer,
@@ -166,28 +166,35 @@ async fn fire_batch(
         if good.is_empty() {
             continue;
         }
-        if isolate {
-            tx.batch_execute("SAVEPOINT timer_group").await?;
-        }
-        match fire_group(&tx, coalescer, producer.as_deref(), &good).await {
-            Ok(p) => {
-                if isolate {
-                    tx.batch_execute("RELEASE SAVEPOINT timer_group").await?;
-                }
-                pushed.extend(p);
-                fired_queues.extend(good.iter().map(|d| d.queue.clone()));
-                fired_keys.extend(good.iter().map(|d| d.key.clone()));
+        // The fast pass writes the group as one segment; the isolating
+        // pass writes each timer under its own savepoint, in order, so a bad
+        // one fails alone (a group shares its partition, so a failure of
+        // the group's write cannot say which timer caused it).
+        let units: Vec<&[&Due]> = if isolate { good.chunks(1).collect() } else { vec![&good[..]] };
+        for unit in units {
+            if isolate {
+                tx.batch_execute("SAVEPOINT timer_group").await?;
             }
-            // The connection or the database is gone: the whole tick again.
-            Err(FireError::Db(e)) if e.unavailable() || matches!(e, DbError::Pool(_)) => return Err(e),
-            // The transaction is aborted: dropped (rolled back), written again with savepoints.
-            Err(_) if !isolate => return Ok(None),
-            Err(e) => {
-                tx.batch_execute("ROLLBACK TO SAVEPOINT timer_group").await?;
-                // Without the key it is not the timer's fault: a broker
-                // with the key fires it. Pushed back, not counted.
-                let how = if matches!(e, FireError::NoKey(_)) { Failure::NotCounted } else { Failure::Counted };
-                failed.extend(good.into_iter().map(|d| (d, e.to_string(), how)));
+            match fire_group(&tx, coalescer, producer.as_deref(), unit).await {
+                Ok(p) => {
+                    if isolate {
+                        tx.batch_execute("RELEASE SAVEPOINT timer_group").await?;
+                    }
+                    pushed.extend(p);
+                    fired_queues.extend(unit.iter().map(|d| d.queue.clone()));
+                    fired_keys.extend(unit.iter().map(|d| d.key.clone()));
+                }
+                // The connection or the database is gone: the whole tick again.
+                Err(FireError::Db(e)) if e.unavailable() || matches!(e, DbError::Pool(_)) => return Err(e),
+                // The transaction is aborted: dropped (rolled back), written again timer by timer.
+                Err(_) if !isolate => return Ok(None),
+                Err(e) => {
+                    tx.batch_execute("ROLLBACK TO SAVEPOINT timer_group").await?;
+                    // Without the key it is not the timer's fault: a broker
+                    // with the key fires it. Pushed back, not counted.
+                    let how = if matches!(e, FireError::NoKey(_)) { Failure::NotCounted } else { Failure::Counted };
+                    failed.extend(unit.iter().map(|d| (*d, e.to_string(), how)));
+                }
             }
         }
     }
