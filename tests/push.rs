@@ -364,6 +364,43 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
     assert!(groups < grouped, "{groups} group commits for {grouped} segments: no group carried two");
 }
 
+/// The transactionId hasher of the test's database (its `queen.dedup_key`).
+async fn database_hasher(sql: &tokio_postgres::Client) -> queen::log::TxnHasher {
+    let key: Vec<u8> = sql.query_one("SELECT key FROM queen.dedup_key", &[]).await.unwrap().get(0);
+    queen::log::TxnHasher::new(&key.try_into().expect("a 16-byte key"))
+}
+
+/// The hashes that decide what is a duplicate are keyed per database: the
+/// same transactionId hashes differently in two databases, and never to the
+/// public unkeyed value, so a producer cannot craft an id that collides with
+/// another producer's (issue 45). What each stores is its key's SipHash.
+#[tokio::test]
+async fn transaction_id_hashes_are_keyed_with_a_secret_of_the_database() {
+    let (one, two) = (Broker::start().await, Broker::start().await);
+    let mut stored = Vec::new();
+    for b in [&one, &two] {
+        b.push_to("keyed", "p", &[json!({"n": 1})]).await;
+        let sql = b.sql().await;
+        let hashes: Vec<i64> = sql
+            .query_one("SELECT s.txn_hashes FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id WHERE p.name = 'p'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let txn = stored_messages(&sql, "keyed", "p").await[0].transaction_id.clone();
+        assert_eq!(hashes, vec![database_hasher(&sql).await.hash(&txn)], "the stored hash is the database key's");
+        assert_ne!(hashes[0], queen::log::legacy_index_hash(&txn), "not the public unkeyed hash");
+        stored.push((txn, hashes[0]));
+    }
+    // The same id in both databases, hashed with each one's key.
+    let id = "the-same-id";
+    let (h1, h2) = (database_hasher(&one.sql().await).await.hash(id), database_hasher(&two.sql().await).await.hash(id));
+    assert_ne!(h1, h2, "two databases hold two keys");
+    // A repeat is still a repeat under the key.
+    let item = json!({"items": [{"queue": "keyed", "partition": "p", "transactionId": stored[0].0, "payload": 2}]});
+    let (status, again) = one.post("/api/v1/push", item).await;
+    assert_eq!((status, again[0]["status"].as_str()), (201, Some("duplicate")), "{again}");
+}
+
 /// `queen.push_segments_with_memory_v1` applies the duplicate rule per
 /// segment: a segment holding a frame already in its partition's window is
 /// refused whole (offsets given back, no hashes kept), its neighbours in the
@@ -375,7 +412,7 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     let first = b.push_to("grp", "b", &[json!("original")]).await;
     let original = first[0]["messageId"].as_str().unwrap().to_string();
     let sql = b.sql().await;
-    let dup = queen::log::txn_hash(first[0]["transactionId"].as_str().unwrap());
+    let dup = database_hasher(&sql).await.hash(first[0]["transactionId"].as_str().unwrap());
     let blob = |frames: &[&str]| {
         let mut raw = Vec::new();
         for f in frames {
@@ -731,7 +768,7 @@ async fn the_previous_versions_push_functions_still_write_through_their_wrappers
         .await
         .unwrap();
     assert_eq!((one.get::<_, Option<i64>>(0), one.get::<_, Option<i32>>(1)), (Some(0), Some(0)));
-    let h = queen::log::txn_hash("old-2");
+    let h = database_hasher(&sql).await.hash("old-2");
     let rows = sql
         .query(
             "SELECT o_seg, o_base_offset, o_dup_index FROM queen.push_segments_v2('windowed', $1, $2, $3, $4, $5, $6, $7) WHERE o_seen_base IS NULL",

@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
-use crate::log::txn_hash;
+use crate::log::legacy_index_hash;
 use crate::registry::{self, AckRegistry};
 
 /// What an ack says about its message, normalized.
@@ -394,14 +394,14 @@ impl AckService {
         let registry::Known { mut offsets, queue } =
             self.registry.resolve_many(lease, pid, idxs.iter().map(|&i| items[i].transaction_id.as_str()));
         let missing: Vec<i64> =
-            idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| txn_hash(&items[i].transaction_id)).collect();
+            idxs.iter().zip(&offsets).filter(|(_, o)| o.is_none()).map(|(&i, _)| legacy_index_hash(&items[i].transaction_id)).collect();
         if !missing.is_empty() {
             let stmt = client.prepare_cached(INDEX_SQL).await?;
             let found: HashMap<i64, i64> =
                 client.query(&stmt, &[&pid, &missing]).await?.iter().map(|r| (r.get(0), r.get(1))).collect();
             for (k, &i) in idxs.iter().enumerate() {
                 if offsets[k].is_none() {
-                    offsets[k] = found.get(&txn_hash(&items[i].transaction_id)).copied();
+                    offsets[k] = found.get(&legacy_index_hash(&items[i].transaction_id)).copied();
                 }
             }
         }

@@ -353,7 +353,8 @@ pub async fn push_in(
     items: &[PushItem<'_>],
     producer: Option<&str>,
 ) -> Result<Result<Written, AlreadyThere>, TxnError> {
-    let plan = PushPlan::new(items, producer, coalescer.encryption()).map_err(TxnError::NoKey)?;
+    let hasher = coalescer.hasher_in(tx).await?;
+    let plan = PushPlan::new(items, producer, coalescer.encryption(), hasher).map_err(TxnError::NoKey)?;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
     let mut pushed = Vec::new();
     for g in &plan.groups {

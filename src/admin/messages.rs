@@ -20,7 +20,7 @@ use crate::json::iso_ms;
 use crate::crypto::KeyRing;
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
-use crate::log::txn_hash;
+use crate::log::legacy_index_hash;
 use crate::push::{Coalescer, PushItem};
 
 /// Most messages one listing call decodes, whatever the filters.
@@ -93,7 +93,7 @@ struct Found {
 
 async fn find(client: &impl GenericClient, ring: Option<&KeyRing>, pid: i64, txn: &str) -> Result<Option<Found>, DbError> {
     let indexed = client
-        .query_opt("SELECT msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = $2", &[&pid, &txn_hash(txn)])
+        .query_opt("SELECT msg_offset FROM queen.txn_index WHERE partition_id = $1 AND txn_hash = $2", &[&pid, &legacy_index_hash(txn)])
         .await?
         .map(|row| row.get::<_, i64>(0));
     let segments = match indexed {

@@ -58,6 +58,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(22, "0022_push_function_names.sql"),
     migration!(23, "0023_lock_subjects.sql"),
     migration!(24, "0024_sealed_timers.sql"),
+    migration!(25, "0025_dedup_key.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -38,10 +38,40 @@ pub struct Frame<'a> {
     pub payload: &'a [u8],
 }
 
-/// The 64-bit hash of a frame's transactionId, as the transaction index,
-/// the dedup memory and the segments' hash arrays keep it. xxh3 is a fixed,
-/// documented algorithm, so every broker computes the same value.
-pub fn txn_hash(transaction_id: &str) -> i64 {
+/// The 64-bit identity of a transactionId inside a partition, as the dedup
+/// memory, the segments' hash arrays and the broker's in-request checks keep
+/// it: SipHash-1-3 keyed with the database's secret (`queen.dedup_key`,
+/// migration 0025). Keyed, because the hash decides what is a duplicate: with
+/// a public function a producer could craft an id that collides with another
+/// producer's and have that message answered "duplicate" and dropped. Every
+/// broker of one database reads the same key, so they agree on every value.
+#[derive(Clone)]
+pub struct TxnHasher(siphasher::sip::SipHasher13);
+
+impl TxnHasher {
+    /// The hasher of a database whose key is `key`.
+    pub fn new(key: &[u8; 16]) -> TxnHasher {
+        TxnHasher(siphasher::sip::SipHasher13::new_with_key(key))
+    }
+
+    /// The hash of `transaction_id`'s UTF-8 bytes, as a signed integer (the
+    /// `bigint` PostgreSQL stores).
+    pub fn hash(&self, transaction_id: &str) -> i64 {
+        self.0.hash(transaction_id.as_bytes()) as i64
+    }
+}
+
+impl std::fmt::Debug for TxnHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TxnHasher(<keyed>)") // the key stays out of logs
+    }
+}
+
+/// The unkeyed hash of the legacy transaction index (`queen.txn_index`,
+/// written only before migration 0019 and read until its entries age out):
+/// xxh3-64 of the id's UTF-8 bytes, as those rows were keyed. Nothing new is
+/// written with it.
+pub fn legacy_index_hash(transaction_id: &str) -> i64 {
     xxhash_rust::xxh3::xxh3_64(transaction_id.as_bytes()) as i64
 }
 

@@ -9,5 +9,5 @@ pub mod binary;
 pub mod frame;
 pub mod segment;
 
-pub use frame::{txn_hash, CodecError, Frame, FrameReader, FrameTooLong};
+pub use frame::{legacy_index_hash, CodecError, TxnHasher, Frame, FrameReader, FrameTooLong};
 pub use segment::{compress_frames, decompress_frames, SEGMENT_LIMIT};

@@ -10,7 +10,7 @@
 
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
-use crate::log::txn_hash;
+use crate::log::legacy_index_hash;
 
 /// Deletes entries by (partition, hash) inside the offsets given with each.
 const DELETE_SQL: &str = "
@@ -45,7 +45,7 @@ impl Doomed {
         let Ok(frames) = decompress_frames(blob, SEGMENT_LIMIT) else { return Ok(()) };
         for f in FrameReader::new(&frames).filter_map(Result::ok) {
             self.pid.push(pid);
-            self.hash.push(txn_hash(f.transaction_id));
+            self.hash.push(legacy_index_hash(f.transaction_id));
             self.lo.push(lo);
             self.hi.push(hi);
         }

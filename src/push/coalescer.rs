@@ -25,12 +25,12 @@ use deadpool_postgres::Pool;
 use tokio::sync::{oneshot, Notify};
 use uuid::Uuid;
 
-use super::dedup::{DedupCache, Segment};
+use super::dedup::{load_key, DedupCache, Segment};
 use super::group::GroupCommitter;
 use super::segment::{append_segment, append_with_memory, keeps_no_window, originals, PushError, MemorySegment, SegmentWrite};
 use crate::db::DbError;
 use crate::config::CoalesceConfig;
-use crate::log::{compress_frames, decompress_frames, FrameReader, SEGMENT_LIMIT};
+use crate::log::{compress_frames, decompress_frames, FrameReader, TxnHasher, SEGMENT_LIMIT};
 
 /// Number of independent lane maps; a push locks one shard briefly.
 const SHARDS: usize = 16;
@@ -122,6 +122,10 @@ struct Inner {
     /// Which queues seal their payloads: every push path reaches the log
     /// through this coalescer, so this is where it learns (`PushPlan`).
     encryption: Arc<crate::crypto::Encryption>,
+    /// The database's transactionId hasher, read once on first use (a
+    /// broker may boot before its database answers).
+    hasher: tokio::sync::OnceCell<TxnHasher>,
+    pool: Pool,
     flushers: AtomicUsize,
     idle: Notify,
 }
@@ -138,10 +142,12 @@ impl Coalescer {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
                 windows: Mutex::new(HashMap::new()),
-                group: GroupCommitter::new(pool, cfg.group_writers),
+                group: GroupCommitter::new(pool.clone(), cfg.group_writers),
                 dedup: DedupCache::new(cfg.dedup_entries),
                 cfg,
                 encryption,
+                hasher: tokio::sync::OnceCell::new(),
+                pool,
                 flushers: AtomicUsize::new(0),
                 idle: Notify::new(),
             }),
@@ -156,6 +162,18 @@ impl Coalescer {
     /// The broker's encryption state (which queues seal their payloads).
     pub fn encryption(&self) -> &Arc<crate::crypto::Encryption> {
         &self.inner.encryption
+    }
+
+    /// The database's transactionId hasher ([`TxnHasher`]), read from
+    /// `queen.dedup_key` on a pooled connection the first time.
+    pub async fn hasher(&self) -> Result<&TxnHasher, DbError> {
+        self.inner.hasher().await
+    }
+
+    /// [`Coalescer::hasher`] read, the first time, on the caller's own
+    /// connection (a transaction holding it must not wait for another).
+    pub async fn hasher_in(&self, client: &impl deadpool_postgres::GenericClient) -> Result<&TxnHasher, DbError> {
+        self.inner.hasher.get_or_try_init(|| load_key(client)).await
     }
 
     /// The broker's dedup memory.
@@ -186,7 +204,7 @@ impl Coalescer {
         let check = window.map(|w| dedup.check(queue, partition, w, hashes)).unwrap_or_default();
         if let (Some(known), false) = (check.known, check.dups.is_empty()) {
             let candidates: Vec<(i64, i64)> = check.dups.iter().map(|&(i, off)| (off, hashes[i])).collect();
-            let ids = originals(client, known.pid, &candidates).await?;
+            let ids = originals(client, known.pid, &candidates, self.hasher_in(client).await?).await?;
             let dups: Vec<(usize, Uuid)> = check.dups.iter().zip(ids).filter_map(|(d, id)| id.map(|id| (d.0, id))).collect();
             if !dups.is_empty() {
                 return Ok(SegmentWrite::Duplicates { partition_id: known.pid, window: window.unwrap_or(1), dups });
@@ -371,6 +389,11 @@ impl Inner {
         (batch, window)
     }
 
+    /// See [`Coalescer::hasher`].
+    async fn hasher(&self) -> Result<&TxnHasher, DbError> {
+        self.hasher.get_or_try_init(|| async { load_key(&self.pool.get().await?).await }).await
+    }
+
     /// Writes one batch as one segment (more round trips only when PostgreSQL
     /// reports cross-request duplicates). Returns each entry's outcomes and the
     /// queue's dedup window.
@@ -416,7 +439,8 @@ impl Inner {
             let known = check.known;
             if let (Some(known), false) = (known, check.dups.is_empty()) {
                 let candidates: Vec<(i64, i64)> = check.dups.iter().map(|&(i, off)| (off, hashes[i])).collect();
-                let ids = self.group.originals(known.pid, &candidates).await.map_err(|e| Arc::new(PushError::Db(e)))?;
+                let hasher = self.hasher().await.map_err(|e| Arc::new(PushError::Db(e)))?;
+                let ids = self.group.originals(known.pid, &candidates, hasher).await.map_err(|e| Arc::new(PushError::Db(e)))?;
                 // A candidate PostgreSQL does not confirm is a new message.
                 let confirmed = check.dups.iter().zip(ids).filter_map(|(&(n, _), id)| id.map(|id| (n, id)));
                 settle_duplicates(&mut survivors, &mut outcomes, confirmed, known.pid);

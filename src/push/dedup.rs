@@ -45,6 +45,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::db::DbError;
+
 /// How long past its window (µs) the memory keeps a hash: it dates hashes
 /// on an estimate of the database's clock, off by a write's latency or a
 /// step of this host's clock.
@@ -492,4 +494,12 @@ mod tests {
         c.absorb("q", "p", None, &a, Some(&seg(0, &[1])));
         assert_eq!(c.entries(), 0);
     }
+}
+
+/// The database's transactionId hasher: the key migration 0025 wrote once.
+pub async fn load_key(client: &impl deadpool_postgres::GenericClient) -> Result<crate::log::TxnHasher, DbError> {
+    let row = client.query_one("SELECT key FROM queen.dedup_key", &[]).await?;
+    let key: &[u8] = row.get(0);
+    let key: &[u8; 16] = key.try_into().map_err(|_| DbError::Unexpected("queen.dedup_key.key is not 16 bytes".into()))?;
+    Ok(crate::log::TxnHasher::new(key))
 }

@@ -118,8 +118,13 @@ impl GroupCommitter {
 
     /// The original message ids of dedup candidates (offset, hash) of partition `pid` (see
     /// `segment::originals`).
-    pub async fn originals(&self, pid: i64, candidates: &[(i64, i64)]) -> Result<Vec<Option<uuid::Uuid>>, DbError> {
-        super::segment::originals(&self.inner.pool.get().await?, pid, candidates).await
+    pub async fn originals(
+        &self,
+        pid: i64,
+        candidates: &[(i64, i64)],
+        hasher: &crate::log::TxnHasher,
+    ) -> Result<Vec<Option<uuid::Uuid>>, DbError> {
+        super::segment::originals(&self.inner.pool.get().await?, pid, candidates, hasher).await
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-use crate::log::txn_hash;
+use crate::log::TxnHasher;
 
 pub use coalescer::{Coalescer, EntryItem, Outcome};
 pub use segment::PushError;
@@ -39,13 +39,13 @@ pub struct ItemResult<'a> {
 /// home of the minting rule (a missing transactionId becomes the message id's
 /// text) and of in-request deduplication (the first occurrence of a
 /// transactionId in a partition wins; later ones follow it). Repeats are
-/// found by the transactionId's index hash ([`txn_hash`]), the same identity
-/// the partition's transaction index and the coalescer use.
+/// found by the transactionId's keyed hash ([`TxnHasher`]), the same identity
+/// the segments' hash arrays, the dedup memory and the coalescer use.
 pub struct PushPlan<'a> {
     pub message_ids: Vec<Uuid>,
     /// Borrowed from the item, or minted: the message id's text.
     pub txns: Vec<Cow<'a, str>>,
-    /// `txn_hash` of each of `txns`.
+    /// The keyed hash ([`TxnHasher`]) of each of `txns`.
     pub hashes: Vec<i64>,
     pub groups: Vec<PlanGroup>,
     /// (follower item index, leader item index)
@@ -68,7 +68,12 @@ pub struct PlanGroup {
 impl<'a> PushPlan<'a> {
     /// The plan of a push, or the refusal of one whose queue encrypts on a
     /// broker without a key (nothing written).
-    pub fn new(items: &'a [PushItem<'a>], producer: Option<&str>, encryption: &crate::crypto::Encryption) -> Result<PushPlan<'a>, crate::crypto::NoKeyToSeal> {
+    pub fn new(
+        items: &'a [PushItem<'a>],
+        producer: Option<&str>,
+        encryption: &crate::crypto::Encryption,
+        hasher: &TxnHasher,
+    ) -> Result<PushPlan<'a>, crate::crypto::NoKeyToSeal> {
         let message_ids: Vec<Uuid> = items.iter().map(|i| i.message_id.unwrap_or_else(Uuid::now_v7)).collect();
         let txns: Vec<Cow<'a, str>> = items
             .iter()
@@ -78,7 +83,7 @@ impl<'a> PushPlan<'a> {
                 None => Cow::Owned(id.hyphenated().encode_lower(&mut Uuid::encode_buffer()).to_owned()),
             })
             .collect();
-        let hashes: Vec<i64> = txns.iter().map(|t| txn_hash(t)).collect();
+        let hashes: Vec<i64> = txns.iter().map(|t| hasher.hash(t)).collect();
         let mut groups: Vec<PlanGroup> = Vec::new();
         let mut group_of = Slots::default();
         let mut first_seen: HashMap<(usize, i64), usize> = HashMap::new();
@@ -208,7 +213,8 @@ pub async fn push_items_prepacked<'a>(
     prepacked: &[crate::log::binary::FramedGroup],
 ) -> Result<Vec<ItemResult<'a>>, Arc<PushError>> {
     let n = items.len();
-    let plan = PushPlan::new(items, producer, coalescer.encryption()).map_err(|e| Arc::new(PushError::NoKey(e)))?;
+    let hasher = coalescer.hasher().await.map_err(|e| Arc::new(PushError::Db(e)))?;
+    let plan = PushPlan::new(items, producer, coalescer.encryption(), hasher).map_err(|e| Arc::new(PushError::NoKey(e)))?;
     let PushPlan { groups, hashes, message_ids, .. } = &plan;
 
     // Encode and submit every chunk before awaiting any.
@@ -335,14 +341,15 @@ mod tests {
             item("b", None, Some(client_id)),
             item("b", None, Some(client_id)), // the client's id twice: follows item 5
         ];
-        let plan = PushPlan::new(&items, None, &crate::crypto::Encryption::default()).unwrap();
+        let hasher = TxnHasher::new(&[7; 16]);
+        let plan = PushPlan::new(&items, None, &crate::crypto::Encryption::default(), &hasher).unwrap();
         let leaders: Vec<(&str, Vec<usize>)> = plan.groups.iter().map(|g| (g.partition.as_str(), g.leaders.clone())).collect();
         assert_eq!(leaders, vec![("a", vec![0, 1, 4]), ("b", vec![2, 5])]);
         assert_eq!(plan.followers, vec![(3, 0), (6, 5)]);
         assert_ne!(plan.txns[1], plan.txns[4], "minted ids differ");
         assert_eq!(plan.txns[1], plan.message_ids[1].to_string());
         assert_eq!(plan.txns[5], client_id.to_string());
-        let hashed: Vec<i64> = plan.txns.iter().map(|t| txn_hash(t)).collect();
+        let hashed: Vec<i64> = plan.txns.iter().map(|t| hasher.hash(t)).collect();
         assert_eq!(plan.hashes, hashed);
         assert!(matches!(&plan.txns[0], Cow::Borrowed("t1")), "a client's id is not copied");
     }

@@ -191,6 +191,7 @@ pub(super) async fn originals(
     client: &impl deadpool_postgres::GenericClient,
     pid: i64,
     candidates: &[(i64, i64)],
+    hasher: &crate::log::TxnHasher,
 ) -> Result<Vec<Option<Uuid>>, DbError> {
     let offsets: Vec<i64> = candidates.iter().map(|c| c.0).collect();
     let stmt = client.prepare_cached(ORIGINALS_SQL).await?;
@@ -205,7 +206,7 @@ pub(super) async fn originals(
                 (Some(base), Some(end), Some(blob), Some(true)) if off <= end => {
                     let frames = decompress_frames(blob, SEGMENT_LIMIT).ok()?;
                     let frame = FrameReader::new(&frames).nth(usize::try_from(off - base).ok()?)?.ok()?;
-                    (crate::log::txn_hash(frame.transaction_id) == hash).then_some(frame.message_id)
+                    (hasher.hash(frame.transaction_id) == hash).then_some(frame.message_id)
                 }
                 _ => None,
             }

@@ -229,7 +229,7 @@ async fn fire_group(
             message_id: Some(d.message_id),
         })
         .collect();
-    let plan = PushPlan::new(&items, producer, coalescer.encryption())?;
+    let plan = PushPlan::new(&items, producer, coalescer.encryption(), coalescer.hasher_in(tx).await?)?;
     let mut pushed = Vec::new();
     for g in &plan.groups {
         let mut leaders = g.leaders.clone();
