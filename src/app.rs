@@ -40,24 +40,24 @@ struct Store {
     pool: deadpool_postgres::Pool,
     /// What the pool connects with (the brokers' hint channel opens its own
     /// connection with it).
-    pg: tokio_postgres::Config,
+    target: db::Target,
     embedded: Option<Arc<EmbeddedCluster>>,
 }
 
 async fn open_store(config: &Config) -> Result<Store, BootError> {
-    let (pg, embedded) = match &config.database {
+    let (target, embedded) = match &config.database {
         Database::Embedded { data_dir } => {
             let dir = data_dir.clone();
             let cluster = tokio::task::spawn_blocking(move || EmbeddedCluster::start(&dir))
                 .await
                 .expect("embedded cluster start does not panic")?;
-            (cluster.pg_config(), Some(Arc::new(cluster)))
+            (db::Target::plain(cluster.pg_config()), Some(Arc::new(cluster)))
         }
         other => (db::pg_config(other)?, None),
     };
     let settings = db::PoolSettings { size: config.pool_size, wait: config.pool_wait, statement_timeout: config.statement_timeout };
-    let pool = db::pool(settings, pg.clone())?;
-    Ok(Store { pool, pg, embedded })
+    let pool = db::pool(settings, target.clone())?;
+    Ok(Store { pool, target, embedded })
 }
 
 impl Store {
@@ -202,7 +202,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let config_ephemeral = config.ephemeral.clone();
     crate::http::body::set_body_timeout(config.limits.body_timeout);
     let cluster = if config.peer_hints {
-        crate::cluster::Cluster::spawn(store.pg.clone(), pop.clone(), config.server_id.clone(), stop_services.subscribe())
+        crate::cluster::Cluster::spawn(store.target.clone(), pop.clone(), config.server_id.clone(), stop_services.subscribe())
     } else {
         Arc::new(crate::cluster::Cluster::silent())
     };

@@ -90,7 +90,7 @@ impl Cluster {
     }
 
     /// Starts the service: one connection that listens, notifies and beats.
-    pub fn spawn(pg: tokio_postgres::Config, pop: Arc<PopService>, server_id: String, shutdown: broadcast::Receiver<()>) -> Arc<Cluster> {
+    pub fn spawn(pg: crate::db::Target, pop: Arc<PopService>, server_id: String, shutdown: broadcast::Receiver<()>) -> Arc<Cluster> {
         let (tx, rx) = mpsc::unbounded_channel();
         let reloads = Arc::new(tokio::sync::Notify::new());
         let cluster = Arc::new(Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: Some(tx), reloads: reloads.clone() });
@@ -102,7 +102,7 @@ impl Cluster {
 
 /// Connects, and reconnects after a failure, until shutdown.
 async fn run(
-    pg: tokio_postgres::Config,
+    pg: crate::db::Target,
     pop: Arc<PopService>,
     reloads: Arc<tokio::sync::Notify>,
     instance: String,
@@ -143,13 +143,13 @@ enum Ended {
 
 /// One connection's life.
 async fn session(
-    pg: &tokio_postgres::Config,
+    pg: &crate::db::Target,
     ears: &Ears<'_>,
     server_id: &str,
     hints: &mut mpsc::UnboundedReceiver<Hint>,
     shutdown: &mut broadcast::Receiver<()>,
 ) -> Result<Ended, tokio_postgres::Error> {
-    let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
+    let (client, mut connection) = pg.pg.connect(pg.tls.clone()).await?;
     let (ntx, mut notifications) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         loop {

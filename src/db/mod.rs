@@ -7,6 +7,7 @@
 
 pub mod limiter;
 pub mod migrations;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     /// No connection could be had in time (pool exhausted or database down).
-    #[error("pool: {0}")]
+    #[error("pool: {}", describe_pool(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("postgres: {}", describe(.0))]
     Pg(#[from] tokio_postgres::Error),
@@ -75,6 +76,16 @@ pub fn pg_unavailable(e: &tokio_postgres::Error) -> bool {
 /// tokio-postgres shows any server error as just "db error"; what an operator
 /// (or a client reading a 500) needs is the server's severity, code and
 /// message, or the cause of a connection failure.
+/// A pool failure with its cause: a connection that could not be made says
+/// why (refused by pg_hba, a certificate rejected, a wrong password), which
+/// deadpool's own message leaves out.
+fn describe_pool(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(pg) => format!("could not connect: {}", describe(pg)),
+        other => other.to_string(),
+    }
+}
+
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} {}: {}", db.severity(), db.code().code(), db.message()),
@@ -106,26 +117,48 @@ pub struct PoolSettings {
     pub statement_timeout: Duration,
 }
 
-/// Builds the libpq-level configuration for an explicitly configured database
-/// (the embedded cluster builds its own).
+/// Where and how the broker connects: tokio-postgres' configuration and the
+/// TLS connector every connection to it uses (the pool's and the brokers'
+/// hint channel's).
+#[derive(Clone)]
+pub struct Target {
+    pub pg: tokio_postgres::Config,
+    pub tls: tls::Connector,
+}
+
+impl Target {
+    /// A target without TLS (the embedded cluster, on a unix socket).
+    pub fn plain(mut pg: tokio_postgres::Config) -> Target {
+        pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+        Target { pg, tls: tls::disabled() }
+    }
+}
+
+/// Builds the connection target of an explicitly configured database (the
+/// embedded cluster builds its own).
 ///
 /// Several hosts (libpq's `host=a,b`, a URL's `a:5432,b:5432`, or
 /// `PG_HOST=a,b`) are tried in order on every new connection. With more than
 /// one host and no `target_session_attrs` given, `read-write` is implied:
 /// a broker only writes, and after a failover the connection must land on
 /// whichever host is the primary now, not on the first that answers.
-pub fn pg_config(database: &Database) -> Result<tokio_postgres::Config, DbError> {
-    let mut c = match database {
-        Database::Url(url) => url.parse().map_err(|e: tokio_postgres::Error| {
-            DbError::Config(format!("QUEEN_DATABASE_URL does not parse: {e}"))
-        })?,
+/// TLS follows libpq's `sslmode` and certificate keys ([`tls`]).
+pub fn pg_config(database: &Database) -> Result<Target, DbError> {
+    let (mut c, params) = match database {
+        Database::Url(url) => {
+            let (rest, params) = tls::split(url)?;
+            let c = rest.parse().map_err(|e: tokio_postgres::Error| {
+                DbError::Config(format!("QUEEN_DATABASE_URL does not parse: {e}"))
+            })?;
+            (c, params)
+        }
         Database::Params { host, port, user, password, dbname } => {
             let mut c = tokio_postgres::Config::new();
             for h in host.split(',').map(str::trim).filter(|h| !h.is_empty()) {
                 c.host(h);
             }
             c.port(*port).user(user).password(password).dbname(dbname);
-            c
+            (c, tls::TlsParams::default())
         }
         Database::Embedded { .. } => {
             return Err(DbError::Config("the embedded cluster supplies its own configuration".into()))
@@ -134,17 +167,20 @@ pub fn pg_config(database: &Database) -> Result<tokio_postgres::Config, DbError>
     if c.get_hosts().len() > 1 && c.get_target_session_attrs() == tokio_postgres::config::TargetSessionAttrs::Any {
         c.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
     }
-    Ok(c)
+    let (connector, mode) = tls::connector(&params)?;
+    c.ssl_mode(mode);
+    Ok(Target { pg: c, tls: connector })
 }
 
 /// Creates the pool. Connections open lazily, so this does not touch the
 /// database; the first query does.
-pub fn pool(settings: PoolSettings, mut pg: tokio_postgres::Config) -> Result<Pool, DbError> {
+pub fn pool(settings: PoolSettings, target: Target) -> Result<Pool, DbError> {
+    let Target { mut pg, tls } = target;
     let timeout_ms = settings.statement_timeout.as_millis();
     pg.options(format!("-c TimeZone=UTC -c statement_timeout={timeout_ms}"));
     pg.application_name("queen");
     pg.connect_timeout(Duration::from_secs(5));
-    let manager = Manager::from_config(pg, tokio_postgres::NoTls, ManagerConfig {
+    let manager = Manager::from_config(pg, tls, ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     });
     Pool::builder(manager)
@@ -182,19 +218,19 @@ mod tests {
 
     #[test]
     fn several_hosts_are_tried_in_order_and_imply_read_write() {
-        let c = pg_config(&params("db1, db2")).unwrap();
+        let c = pg_config(&params("db1, db2")).unwrap().pg;
         assert_eq!(c.get_hosts(), [Host::Tcp("db1".into()), Host::Tcp("db2".into())]);
         assert_eq!(c.get_ports(), [5433]);
         assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
-        let c = pg_config(&Database::Url("postgres://u@a:5432,b:5433/q".into())).unwrap();
+        let c = pg_config(&Database::Url("postgres://u@a:5432,b:5433/q".into())).unwrap().pg;
         assert_eq!(c.get_hosts().len(), 2);
         assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
     }
 
     #[test]
     fn one_host_keeps_what_was_given() {
-        assert_eq!(pg_config(&params("db1")).unwrap().get_target_session_attrs(), TargetSessionAttrs::Any);
-        let c = pg_config(&Database::Url("host=/run/pg port=5432 target_session_attrs=read-write".into())).unwrap();
+        assert_eq!(pg_config(&params("db1")).unwrap().pg.get_target_session_attrs(), TargetSessionAttrs::Any);
+        let c = pg_config(&Database::Url("host=/run/pg port=5432 target_session_attrs=read-write".into())).unwrap().pg;
         assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
     }
 }
