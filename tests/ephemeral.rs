@@ -159,6 +159,42 @@ async fn bounds_refuse_whole_or_drop_the_oldest_and_the_broker_wide_budget_holds
     assert_eq!(push(&b, "q-after-reset", None, &chunk).await.0, 200);
 }
 
+/// Partitions and cursors are memory too (issue 45): a client writing one
+/// message to each of ever more partition names, consumed at once, used to
+/// grow the broker without bound while the budget read zero. Their
+/// bookkeeping now counts against QUEEN_EPHEMERAL_MAX_BYTES (503 when it is
+/// spent), and an empty partition idle past QUEEN_EPHEMERAL_IMPLICIT_IDLE_S
+/// goes, giving it back.
+#[tokio::test]
+async fn partitions_count_against_the_budget_and_empty_idle_ones_go() {
+    let b = Broker::start_with(&[("QUEEN_EPHEMERAL_MAX_BYTES", "16384"), ("QUEEN_EPHEMERAL_IMPLICIT_IDLE_S", "1")]).await;
+    // Declared, so the queue itself stays while its partitions go.
+    assert_eq!(b.post("/api/v1/ephemeral/configure", json!({"queue": "many", "options": {}})).await.0, 200);
+    let mut refused_at = None;
+    for i in 0..1000 {
+        let (status, r) = push(&b, "many", Some(&format!("part-{i:04}")), &[json!(i)]).await;
+        if status != 200 {
+            assert_eq!((status, r["error"].clone()), (503, json!("ephemeral_memory_full")), "{r}");
+            refused_at = Some(i);
+            break;
+        }
+        assert_eq!(pop(&b, &format!("queue=many&partition=part-{i:04}&autoAck=true")).await.len(), 1);
+    }
+    let refused_at = refused_at.expect("the budget ran out: partitions cost memory");
+    assert!(refused_at > 10, "a partition costs bytes, not kilobytes: refused at {refused_at}");
+    let (_, list) = b.get("/api/v1/ephemeral/queues").await;
+    assert!(list["usedBytes"].as_u64().unwrap() <= 16384, "{list}");
+    assert_eq!(list["queues"][0]["depth"], json!(0), "every message was consumed: only bookkeeping is held");
+    // Empty and idle: the sweeper removes them and the budget comes back.
+    eventually("the empty partitions and the idle group to go", Duration::from_secs(10), || async {
+        let (_, list) = b.get("/api/v1/ephemeral/queues").await;
+        list["queues"][0]["partitions"] == json!(0) && list["usedBytes"] == json!(0)
+    })
+    .await;
+    let (status, _) = push(&b, "many", Some("after"), &[json!("back")]).await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test]
 async fn messages_older_than_the_ttl_go_and_the_gauges_say_so() {
     let b = Broker::start().await;

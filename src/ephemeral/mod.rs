@@ -110,6 +110,16 @@ impl Ephemeral {
         }
     }
 
+    /// Moves the broker-wide account by a queue's change of footprint
+    /// (messages and bookkeeping) from `before` to `after`.
+    fn account(&self, before: u64, after: u64) {
+        if after > before {
+            self.used.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.free(before - after);
+        }
+    }
+
     /// Declares `name` with `options` applied over its current bounds (a
     /// new queue's are the defaults); `Err((field, problem))` changes
     /// nothing.
@@ -129,16 +139,18 @@ impl Ephemeral {
     pub fn reset(&self, name: &str) -> usize {
         let Some(q) = self.get(name) else { return 0 };
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
-        let (dropped, bytes) = q.state.lock().expect("ephemeral queue").reset(generation);
-        self.free(bytes);
+        let mut s = q.state.lock().expect("ephemeral queue");
+        let before = s.footprint();
+        let (dropped, _) = s.reset(generation);
+        self.account(before, s.footprint());
         dropped
     }
 
     /// Removes `name` with its contents, cursors and configuration.
     pub fn delete(&self, name: &str) -> bool {
         let Some(q) = self.queues.write().expect("ephemeral map").remove(name) else { return false };
-        let bytes = q.state.lock().expect("ephemeral queue").bytes;
-        self.free(bytes);
+        let footprint = q.state.lock().expect("ephemeral queue").footprint();
+        self.free(footprint);
         for reason in ["full", "ttl", "retries"] {
             metrics::counter!("queen_ephemeral_dropped_total", "queue" => name.to_string(), "reason" => reason).absolute(0);
         }
@@ -157,7 +169,7 @@ impl Ephemeral {
             let now = Instant::now();
             let expired = s.expire(now);
             self.free(expired);
-            let planned = s.plan_push(&payloads);
+            let planned = s.plan_push(partition, &payloads);
             let (need, drop) = match planned {
                 Ok(plan) => plan,
                 Err(refusal) => {
@@ -172,9 +184,10 @@ impl Ephemeral {
                 s.counters.refused += 1;
                 return Err(Refusal::MemoryFull);
             }
-            let (freed, added) = s.push(partition, payloads, drop, now);
-            self.used.fetch_add(added, Ordering::Relaxed);
-            self.free(freed + need);
+            let before = s.footprint();
+            s.push(partition, payloads, drop, now);
+            // What was reserved becomes what the push really changed.
+            self.account(before + need, s.footprint());
         }
         q.wake.notify_waiters();
         Ok(n)
@@ -193,6 +206,7 @@ impl Ephemeral {
             let now = Instant::now();
             let (got, next_expiry, window_until) = {
                 let mut s = q.state.lock().expect("ephemeral queue");
+                let before = s.footprint();
                 // A window buffer holds a waiting pop back until it can fill
                 // `count` or the window has passed.
                 let window = s.options.window_buffer.filter(|_| deadline.is_some());
@@ -201,16 +215,14 @@ impl Ephemeral {
                     let want = w.count.min(batch);
                     (now < until && s.ready(group, partition, want, now) < want).then_some(until)
                 });
-                if held.is_some() {
+                let answer = if held.is_some() {
                     (Vec::new(), None, held)
                 } else {
-                    let expired = s.expire(now);
-                    self.free(expired);
-                    let bytes = s.bytes;
                     let (got, next) = s.pop(self.epoch, group, partition, batch, commit, now);
-                    self.free(bytes - s.bytes);
                     (got, next, None)
-                }
+                };
+                self.account(before, s.footprint());
+                answer
             };
             if !got.is_empty() {
                 return got;
@@ -230,9 +242,9 @@ impl Ephemeral {
             if window_until.is_some() && Instant::now() >= deadline {
                 // The last look takes what there is.
                 let mut s = q.state.lock().expect("ephemeral queue");
-                let bytes = s.bytes;
+                let before = s.footprint();
                 let (got, _) = s.pop(self.epoch, group, partition, batch, commit, Instant::now());
-                self.free(bytes - s.bytes);
+                self.account(before, s.footprint());
                 return got;
             }
         }
@@ -246,9 +258,9 @@ impl Ephemeral {
         let (outcomes, redelivered) = {
             let mut s = q.state.lock().expect("ephemeral queue");
             let now = Instant::now();
-            let bytes = s.bytes;
+            let before = s.footprint();
             let outcomes: Vec<Outcome> = acks.iter().map(|(id, settle)| s.ack(self.epoch, group, id, *settle, now)).collect();
-            self.free(bytes - s.bytes);
+            self.account(before, s.footprint());
             let redelivered = outcomes.contains(&Outcome::Redelivered);
             (outcomes, redelivered)
         };
@@ -308,8 +320,11 @@ impl Ephemeral {
         let mut idle = Vec::new();
         for (name, q) in queues {
             let s = &mut *q.state.lock().expect("ephemeral queue");
-            let freed = s.expire(now) + s.forget_idle_groups(self.config.idle, now);
-            self.free(freed);
+            let before = s.footprint();
+            s.expire(now);
+            s.forget_idle_groups(self.config.idle, now);
+            s.forget_idle_partitions(self.config.idle, now);
+            self.account(before, s.footprint());
             if !s.declared && s.length == 0 && now.saturating_duration_since(s.last_used) >= self.config.idle {
                 idle.push(name.clone());
             }
@@ -330,7 +345,10 @@ impl Ephemeral {
                     !s.declared && s.length == 0 && now.saturating_duration_since(s.last_used) >= self.config.idle
                 });
                 if gone {
-                    map.remove(&name);
+                    if let Some(q) = map.remove(&name) {
+                        // Its bookkeeping (groups, partitions) goes with it.
+                        self.free(q.state.lock().expect("ephemeral queue").footprint());
+                    }
                 }
             }
         }

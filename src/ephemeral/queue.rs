@@ -13,8 +13,18 @@
 //! (there is no DLQ: nothing here outlives the process). A message leaves
 //! the ring once every group has settled it, or when a bound (length,
 //! bytes, age) pushes it out.
+//!
+//! What the queue's bookkeeping costs is counted too ([`QueueState::overhead`]:
+//! a fixed amount per partition, per group and per cursor, plus their
+//! names), so that `QUEEN_EPHEMERAL_MAX_MB` bounds the memory a client can
+//! make the broker hold, not only the payloads. A group's cursors are sparse
+//! (a partition it never read costs it nothing), a cursor that knows nothing
+//! beyond "start at the ring's head" is dropped, and a partition that is
+//! empty, unleased and unwritten for the idle time is removed
+//! ([`QueueState::forget_idle_partitions`]); its number is never reused, so
+//! an id of it answers `unknown`.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +39,13 @@ use super::options::{Options, Policy};
 /// queued 100-byte payloads (docs/PERFORMANCE.md), i.e. the payload plus
 /// about 96 bytes.
 pub const MESSAGE_OVERHEAD: u64 = 96;
+
+/// Bookkeeping counted against the broker-wide budget beyond the names:
+/// a partition's ring and map entries, a group's entry, a cursor's entry
+/// (estimates of their allocations, rounded up).
+pub const PARTITION_OVERHEAD: u64 = 192;
+pub const GROUP_OVERHEAD: u64 = 128;
+pub const CURSOR_OVERHEAD: u64 = 160;
 
 /// The group a pop without `group` uses (queue mode).
 pub const QUEUE_MODE: &str = "__QUEUE_MODE__";
@@ -48,6 +65,8 @@ impl Message {
 
 struct Partition {
     name: Arc<str>,
+    /// Last push into it (an empty partition idle this long goes).
+    last_push: Instant,
     /// Sequence of `ring[0]`.
     base: u64,
     ring: VecDeque<Message>,
@@ -84,6 +103,12 @@ struct Cursor {
 }
 
 impl Cursor {
+    /// Knows nothing a missing cursor would not: no lease, nothing settled
+    /// or counted, and not past the ring's head.
+    fn is_blank(&self, base: u64) -> bool {
+        self.lease.is_none() && self.settled.is_empty() && self.attempts.is_empty() && self.next <= base
+    }
+
     fn settle(&mut self, seq: u64) {
         self.attempts.remove(&seq);
         if seq >= self.next {
@@ -107,8 +132,10 @@ impl Cursor {
     }
 }
 
+/// A group: one cursor per partition it has read (a missing one starts at
+/// the ring's head).
 struct Group {
-    cursors: Vec<Cursor>,
+    cursors: HashMap<usize, Cursor>,
     last_used: Instant,
 }
 
@@ -206,8 +233,12 @@ pub struct QueueState {
     pub declared: bool,
     /// Bumped by a reset: ids of the ring before it answer `stale`.
     pub generation: u64,
-    partitions: Vec<Partition>,
+    /// By partition number, in creation order (numbers are never reused).
+    partitions: BTreeMap<usize, Partition>,
     by_name: HashMap<String, usize>,
+    next_partition: usize,
+    /// Bytes of bookkeeping (partitions, groups, cursors), see the module.
+    pub overhead: u64,
     groups: HashMap<String, Group>,
     pub length: usize,
     pub bytes: u64,
@@ -223,8 +254,10 @@ impl QueueState {
             options,
             declared: false,
             generation,
-            partitions: Vec::new(),
+            partitions: BTreeMap::new(),
             by_name: HashMap::new(),
+            next_partition: 0,
+            overhead: 0,
             groups: HashMap::new(),
             length: 0,
             bytes: 0,
@@ -235,24 +268,63 @@ impl QueueState {
         }
     }
 
-    fn partition_index(&mut self, name: &str) -> usize {
+    /// What the queue holds for the broker-wide budget: messages and
+    /// bookkeeping.
+    pub fn footprint(&self) -> u64 {
+        self.bytes + self.overhead
+    }
+
+    fn partition_cost(name: &str) -> u64 {
+        PARTITION_OVERHEAD + 2 * name.len() as u64
+    }
+
+    fn partition_index(&mut self, name: &str, now: Instant) -> usize {
         if let Some(&i) = self.by_name.get(name) {
             return i;
         }
-        let i = self.partitions.len();
-        self.partitions.push(Partition { name: Arc::from(name), base: 0, ring: VecDeque::new(), bytes: 0 });
+        let i = self.next_partition;
+        self.next_partition += 1;
+        self.partitions.insert(i, Partition { name: Arc::from(name), last_push: now, base: 0, ring: VecDeque::new(), bytes: 0 });
         self.by_name.insert(name.to_string(), i);
-        for g in self.groups.values_mut() {
-            g.cursors.push(Cursor::default());
-        }
+        self.overhead += Self::partition_cost(name);
         i
+    }
+
+    /// The cursor of `group` on partition `p`, made at the ring's head if
+    /// it has none.
+    fn cursor(&mut self, group: &str, p: usize) -> &mut Cursor {
+        let base = self.partitions[&p].base;
+        let g = self.groups.get_mut(group).expect("group exists");
+        if !g.cursors.contains_key(&p) {
+            self.overhead += CURSOR_OVERHEAD;
+        }
+        g.cursors.entry(p).or_insert_with(|| Cursor { next: base, ..Cursor::default() })
+    }
+
+    /// Drops `group`'s cursor of `p` if it knows nothing beyond the ring's
+    /// head (so a group that keeps up holds no cursors between reads).
+    fn drop_blank_cursor(&mut self, group: &str, p: usize) {
+        let Some(base) = self.partitions.get(&p).map(|part| part.base) else { return };
+        let Some(g) = self.groups.get_mut(group) else { return };
+        if g.cursors.get(&p).is_some_and(|c| c.is_blank(base)) {
+            g.cursors.remove(&p);
+            self.overhead -= CURSOR_OVERHEAD;
+        }
+    }
+
+    /// Where `group` stands on `p`: its cursor's next, or the ring's head.
+    fn next_of(g: &Group, p: usize, base: u64) -> u64 {
+        g.cursors.get(&p).map_or(base, |c| c.next)
     }
 
     /// Plans a push of `payloads` into `partition`: the bytes it needs from
     /// the broker-wide budget beyond what it frees, or the refusal. Changes
     /// nothing; [`QueueState::push`] applies the plan.
-    pub fn plan_push(&self, payloads: &[Arc<RawValue>]) -> Result<(u64, usize), Refusal> {
+    pub fn plan_push(&self, partition: &str, payloads: &[Arc<RawValue>]) -> Result<(u64, usize), Refusal> {
         let cost: u64 = payloads.iter().map(|p| p.get().len() as u64 + MESSAGE_OVERHEAD).sum();
+        // A new partition's bookkeeping is the broker's, not the queue's
+        // bounds': it is reserved from the budget with the messages.
+        let bookkeeping = if self.by_name.contains_key(partition) { 0 } else { Self::partition_cost(partition) };
         let (n, o) = (payloads.len(), &self.options);
         if n > o.max_length || cost > o.max_bytes {
             return Err(Refusal::TooLarge {
@@ -261,7 +333,7 @@ impl QueueState {
         }
         let fits = |len: usize, bytes: u64| len + n <= o.max_length && bytes + cost <= o.max_bytes;
         if fits(self.length, self.bytes) {
-            return Ok((cost, 0));
+            return Ok((cost + bookkeeping, 0));
         }
         if o.policy == Policy::Reject {
             return Err(Refusal::Full {
@@ -272,26 +344,25 @@ impl QueueState {
             });
         }
         // Drop-oldest: count what must go, oldest first across partitions.
-        let mut heads: Vec<usize> = vec![0; self.partitions.len()];
+        let mut heads: HashMap<usize, usize> = HashMap::new();
         let (mut len, mut bytes, mut dropped) = (self.length, self.bytes, 0usize);
         let mut freed = 0u64;
         while !fits(len, bytes) {
             let Some((p, m)) = self
                 .partitions
                 .iter()
-                .enumerate()
-                .filter_map(|(p, part)| part.ring.get(heads[p]).map(|m| (p, m)))
+                .filter_map(|(&p, part)| part.ring.get(heads.get(&p).copied().unwrap_or(0)).map(|m| (p, m)))
                 .min_by_key(|(_, m)| m.order)
             else {
                 break;
             };
-            heads[p] += 1;
+            *heads.entry(p).or_insert(0) += 1;
             len -= 1;
             bytes -= m.cost();
             freed += m.cost();
             dropped += 1;
         }
-        Ok((cost.saturating_sub(freed), dropped))
+        Ok(((cost + bookkeeping).saturating_sub(freed), dropped))
     }
 
     /// Applies a planned push: drops `drop_oldest` messages, then appends.
@@ -299,28 +370,28 @@ impl QueueState {
     pub fn push(&mut self, partition: &str, payloads: Vec<Arc<RawValue>>, drop_oldest: usize, now: Instant) -> (u64, u64) {
         let mut freed = 0;
         for _ in 0..drop_oldest {
-            let Some(p) = (0..self.partitions.len())
-                .filter(|&p| !self.partitions[p].ring.is_empty())
-                .min_by_key(|&p| self.partitions[p].ring[0].order)
+            let Some(p) = self.partitions.iter().filter(|(_, part)| !part.ring.is_empty()).min_by_key(|(_, part)| part.ring[0].order).map(|(&p, _)| p)
             else {
                 break;
             };
             freed += self.pop_front(p);
             self.counters.dropped_full += 1;
         }
-        let p = self.partition_index(partition);
-        let mut added = 0;
+        let before = self.overhead;
+        let p = self.partition_index(partition, now);
+        let mut added = self.overhead - before;
         let n = payloads.len();
         for payload in payloads {
             self.order += 1;
             let m = Message { payload, at: now, order: self.order };
             added += m.cost();
-            let part = &mut self.partitions[p];
+            let part = self.partitions.get_mut(&p).expect("just made");
             part.bytes += m.cost();
             part.ring.push_back(m);
         }
+        self.partitions.get_mut(&p).expect("just made").last_push = now;
         self.length += n;
-        self.bytes += added;
+        self.bytes += added - (self.overhead - before);
         self.counters.pushed += n as u64;
         self.last_used = now;
         (freed, added)
@@ -328,7 +399,7 @@ impl QueueState {
 
     /// Removes a partition's oldest message; its bytes.
     fn pop_front(&mut self, p: usize) -> u64 {
-        let part = &mut self.partitions[p];
+        let part = self.partitions.get_mut(&p).expect("a live partition");
         let Some(m) = part.ring.pop_front() else { return 0 };
         part.base += 1;
         part.bytes -= m.cost();
@@ -340,9 +411,10 @@ impl QueueState {
     /// Drops what every group has settled from the front of partition `p`
     /// (nothing while no group exists: the first consumer sees it all).
     fn trim(&mut self, p: usize) -> u64 {
-        let Some(low) = self.groups.values().map(|g| g.cursors[p].next).min() else { return 0 };
+        let base = self.partitions[&p].base;
+        let Some(low) = self.groups.values().map(|g| Self::next_of(g, p, base)).min() else { return 0 };
         let mut freed = 0;
-        while self.partitions[p].base < low && !self.partitions[p].ring.is_empty() {
+        while self.partitions[&p].base < low && !self.partitions[&p].ring.is_empty() {
             freed += self.pop_front(p);
         }
         freed
@@ -352,8 +424,9 @@ impl QueueState {
     pub fn expire(&mut self, now: Instant) -> u64 {
         let Some(ttl) = self.options.ttl else { return 0 };
         let mut freed = 0;
-        for p in 0..self.partitions.len() {
-            while self.partitions[p].ring.front().is_some_and(|m| now.saturating_duration_since(m.at) >= ttl) {
+        let keys: Vec<usize> = self.partitions.keys().copied().collect();
+        for p in keys {
+            while self.partitions[&p].ring.front().is_some_and(|m| now.saturating_duration_since(m.at) >= ttl) {
                 freed += self.pop_front(p);
                 self.counters.dropped_ttl += 1;
             }
@@ -365,22 +438,68 @@ impl QueueState {
     /// the bytes this frees.
     pub fn forget_idle_groups(&mut self, idle: Duration, now: Instant) -> u64 {
         let before = self.groups.len();
-        self.groups.retain(|_, g| now.saturating_duration_since(g.last_used) < idle);
+        let mut released = 0;
+        self.groups.retain(|name, g| {
+            let keep = now.saturating_duration_since(g.last_used) < idle;
+            if !keep {
+                released += Self::group_cost(name) + CURSOR_OVERHEAD * g.cursors.len() as u64;
+            }
+            keep
+        });
+        self.overhead -= released;
         if self.groups.len() == before {
             return 0;
         }
-        (0..self.partitions.len()).map(|p| self.trim(p)).sum()
+        let keys: Vec<usize> = self.partitions.keys().copied().collect();
+        keys.into_iter().map(|p| self.trim(p)).sum()
+    }
+
+    /// Drops the cursors that know nothing, then removes the partitions that
+    /// are empty, leased by no group and unwritten for `idle`.
+    pub fn forget_idle_partitions(&mut self, idle: Duration, now: Instant) {
+        let mut dropped = 0u64;
+        for g in self.groups.values_mut() {
+            let before = g.cursors.len();
+            let partitions = &self.partitions;
+            g.cursors.retain(|p, c| !partitions.get(p).is_none_or(|part| c.is_blank(part.base)));
+            dropped += (before - g.cursors.len()) as u64;
+        }
+        self.overhead -= dropped * CURSOR_OVERHEAD;
+        let held: std::collections::HashSet<usize> = self.groups.values().flat_map(|g| g.cursors.keys().copied()).collect();
+        let gone: Vec<usize> = self
+            .partitions
+            .iter()
+            .filter(|(p, part)| part.ring.is_empty() && !held.contains(p) && now.saturating_duration_since(part.last_push) >= idle)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in gone {
+            let part = self.partitions.remove(&p).expect("listed");
+            self.by_name.remove(&*part.name);
+            self.overhead -= Self::partition_cost(&part.name);
+        }
+    }
+
+    fn group_cost(name: &str) -> u64 {
+        GROUP_OVERHEAD + name.len() as u64
+    }
+
+    /// How many partitions the queue holds (empty ones too, until they go).
+    pub fn partition_count(&self) -> usize {
+        self.partitions.len()
     }
 
     /// Drops every message, rewinds every group and voids every lease;
     /// `(dropped, bytes freed)`.
     pub fn reset(&mut self, generation: u64) -> (usize, u64) {
         let (n, bytes) = (self.length, self.bytes);
-        for part in &mut self.partitions {
+        for part in self.partitions.values_mut() {
             part.base += part.ring.len() as u64;
             part.ring.clear();
             part.bytes = 0;
         }
+        let cursors: u64 = self.groups.values().map(|g| g.cursors.len() as u64).sum();
+        let groups: u64 = self.groups.keys().map(|n| Self::group_cost(n)).sum();
+        self.overhead -= cursors * CURSOR_OVERHEAD + groups;
         self.groups.clear();
         self.length = 0;
         self.bytes = 0;
@@ -390,8 +509,8 @@ impl QueueState {
 
     fn group(&mut self, name: &str, now: Instant) -> &mut Group {
         if !self.groups.contains_key(name) {
-            let cursors = self.partitions.iter().map(|p| Cursor { next: p.base, ..Cursor::default() }).collect();
-            self.groups.insert(name.to_string(), Group { cursors, last_used: now });
+            self.overhead += Self::group_cost(name);
+            self.groups.insert(name.to_string(), Group { cursors: HashMap::new(), last_used: now });
         }
         let g = self.groups.get_mut(name).expect("just made");
         g.last_used = now;
@@ -403,7 +522,7 @@ impl QueueState {
     fn expire_lease(&mut self, group: &str, p: usize, now: Instant) {
         let limit = self.options.retry_limit;
         let Some(g) = self.groups.get_mut(group) else { return };
-        let c = &mut g.cursors[p];
+        let Some(c) = g.cursors.get_mut(&p) else { return };
         if c.lease.as_ref().is_none_or(|l| l.expires > now) {
             return;
         }
@@ -419,8 +538,11 @@ impl QueueState {
     /// Messages `group` could take from partition `p` now, at most `max`.
     fn available(&mut self, group: &str, p: usize, max: usize, now: Instant) -> Vec<u64> {
         self.expire_lease(group, p, now);
-        let (base, end) = (self.partitions[p].base, self.partitions[p].end());
-        let c = &mut self.groups.get_mut(group).expect("group exists").cursors[p];
+        let (base, end) = (self.partitions[&p].base, self.partitions[&p].end());
+        if base == end && self.groups[group].cursors.get(&p).is_none_or(|c| c.lease.is_none()) {
+            return Vec::new(); // nothing to take: no cursor made for it
+        }
+        let c = self.cursor(group, p);
         if c.lease.is_some() {
             return Vec::new();
         }
@@ -442,7 +564,7 @@ impl QueueState {
         self.group(group, now);
         let parts: Vec<usize> = match partition {
             Some(name) => self.by_name.get(name).copied().into_iter().collect(),
-            None => (0..self.partitions.len()).collect(),
+            None => self.partitions.keys().copied().collect(),
         };
         let mut n = 0;
         for p in parts {
@@ -462,13 +584,16 @@ impl QueueState {
         self.expire(now);
         self.group(group, now);
         self.last_used = now;
-        let n_parts = self.partitions.len();
         let order: Vec<usize> = match partition {
             Some(name) => self.by_name.get(name).copied().into_iter().collect(),
-            None => (0..n_parts).map(|k| (self.rr + k) % n_parts.max(1)).collect(),
+            // In turn: from the partition after the one the last pop began
+            // at, wrapping.
+            None => self.partitions.range(self.rr..).chain(self.partitions.range(..self.rr)).map(|(&p, _)| p).collect(),
         };
-        if partition.is_none() && n_parts > 0 {
-            self.rr = (self.rr + 1) % n_parts;
+        if partition.is_none() {
+            if let Some(&first) = order.first() {
+                self.rr = first + 1;
+            }
         }
         let mut out = Vec::new();
         for p in order {
@@ -482,8 +607,8 @@ impl QueueState {
                 continue;
             }
             let lease_time = self.options.lease;
-            let (generation, part) = (self.generation, &self.partitions[p]);
-            let c = &mut self.groups.get_mut(group).expect("group exists").cursors[p];
+            let (generation, part) = (self.generation, &self.partitions[&p]);
+            let c = self.groups.get_mut(group).expect("group exists").cursors.get_mut(&p).expect("available made it");
             let lease = if commit {
                 0
             } else {
@@ -507,13 +632,14 @@ impl QueueState {
                 }
                 self.counters.acked += seqs.len() as u64;
                 self.trim(p);
+                self.drop_blank_cursor(group, p);
             } else {
                 let open = seqs.len();
                 c.lease = Some(Lease { no: lease, answered: vec![false; open], seqs, open, expires: now + lease_time });
             }
         }
         self.counters.delivered += out.len() as u64;
-        let next_expiry = self.groups[group].cursors.iter().filter_map(|c| c.lease.as_ref().map(|l| l.expires)).min();
+        let next_expiry = self.groups[group].cursors.values().filter_map(|c| c.lease.as_ref().map(|l| l.expires)).min();
         (out, next_expiry)
     }
 
@@ -523,14 +649,15 @@ impl QueueState {
         if id.epoch != epoch || id.generation != self.generation {
             return Outcome::Stale;
         }
-        if id.partition >= self.partitions.len() {
-            return Outcome::Unknown;
-        }
+        let Some(base) = self.partitions.get(&id.partition).map(|part| part.base) else { return Outcome::Unknown };
         let limit = self.options.retry_limit;
         let p = id.partition;
         let Some(g) = self.groups.get_mut(group) else { return Outcome::Unknown };
         g.last_used = now;
-        let c = &mut g.cursors[p];
+        let Some(c) = g.cursors.get_mut(&p) else {
+            // No cursor: the group stands at the ring's head.
+            return if id.seq < base && settle { Outcome::Acked } else { Outcome::Unknown };
+        };
         let slot = c.lease.as_ref().filter(|l| l.no == id.lease).and_then(|l| l.seqs.binary_search(&id.seq).ok());
         let Some(slot) = slot.filter(|&k| !c.lease.as_ref().expect("found").answered[k]) else {
             // Settled already (a repeated ack): the same answer again.
@@ -561,12 +688,13 @@ impl QueueState {
             _ => {}
         }
         self.trim(p);
+        self.drop_blank_cursor(group, p);
         outcome
     }
 
     /// `(partition, depth, bytes)` of every partition.
     pub fn partitions(&self) -> impl Iterator<Item = (&str, usize, u64)> {
-        self.partitions.iter().map(|p| (&*p.name, p.ring.len(), p.bytes))
+        self.partitions.values().map(|p| (&*p.name, p.ring.len(), p.bytes))
     }
 
     /// `(group, pending, in flight)` of every group: messages it has not
@@ -578,7 +706,11 @@ impl QueueState {
             .map(|(name, g)| {
                 let mut pending = 0;
                 let mut leased = 0;
-                for (c, part) in g.cursors.iter().zip(&self.partitions) {
+                for (p, part) in &self.partitions {
+                    let Some(c) = g.cursors.get(p) else {
+                        pending += part.ring.len() as u64;
+                        continue;
+                    };
                     let from = c.next.max(part.base);
                     pending += part.end().saturating_sub(from).saturating_sub(c.settled.range(from..).count() as u64);
                     leased += c.lease.as_ref().map_or(0, |l| l.open as u64);
@@ -618,7 +750,7 @@ mod tests {
     fn queue(n: u32) -> (QueueState, Instant) {
         let now = Instant::now();
         let mut q = QueueState::new(opts(), 1, now);
-        let (need, drop) = q.plan_push(&payloads(0..n)).unwrap();
+        let (need, drop) = q.plan_push("p", &payloads(0..n)).unwrap();
         assert_eq!(drop, 0);
         assert!(need > 0);
         q.push("p", payloads(0..n), 0, now);
@@ -708,10 +840,10 @@ mod tests {
         let mut q = QueueState::new(Options { max_length: 3, ..opts() }, 1, now);
         q.push("a", payloads(0..2), 0, now);
         q.push("b", payloads(10..11), 0, now);
-        assert!(matches!(q.plan_push(&payloads(0..1)), Err(Refusal::Full { .. })));
-        assert!(matches!(q.plan_push(&payloads(0..4)), Err(Refusal::TooLarge { .. })));
+        assert!(matches!(q.plan_push("b", &payloads(0..1)), Err(Refusal::Full { .. })));
+        assert!(matches!(q.plan_push("b", &payloads(0..4)), Err(Refusal::TooLarge { .. })));
         q.options.policy = Policy::DropOldest;
-        let (_, drop) = q.plan_push(&payloads(20..22)).unwrap();
+        let (_, drop) = q.plan_push("b", &payloads(20..22)).unwrap();
         assert_eq!(drop, 2);
         q.push("b", payloads(20..22), drop, now);
         let (m, _) = q.pop(7, "g", None, 10, true, now);
@@ -729,5 +861,66 @@ mod tests {
         assert!(q.expire(now + Duration::from_secs(5)) > 0);
         assert_eq!(q.length, 0);
         assert_eq!(q.counters.dropped_ttl, 3);
+    }
+
+    /// The bookkeeping, counted from scratch: what `overhead` must equal.
+    fn recount(q: &QueueState) -> u64 {
+        let parts: u64 = q.partitions.values().map(|p| QueueState::partition_cost(&p.name)).sum();
+        let groups: u64 = q.groups.iter().map(|(n, g)| QueueState::group_cost(n) + CURSOR_OVERHEAD * g.cursors.len() as u64).sum();
+        parts + groups
+    }
+
+    #[test]
+    fn partitions_and_cursors_are_counted_and_go_when_empty_and_idle() {
+        let now = Instant::now();
+        let mut q = QueueState::new(opts(), 1, now);
+        for i in 0..50 {
+            let name = format!("p{i}");
+            let (need, _) = q.plan_push(&name, &payloads(0..1)).unwrap();
+            assert_eq!(need, 1 + MESSAGE_OVERHEAD + QueueState::partition_cost(&name), "a new partition reserves its bookkeeping");
+            q.push(&name, payloads(0..1), 0, now);
+        }
+        let (again, _) = q.plan_push("p0", &payloads(0..1)).unwrap();
+        assert_eq!(again, 1 + MESSAGE_OVERHEAD, "an existing one does not");
+        assert_eq!(q.overhead, recount(&q));
+        // A group that never read a partition holds no cursor of it.
+        q.ready("idle-group", Some("p0"), 1, now);
+        assert_eq!(q.overhead, recount(&q));
+        let (first, _) = q.pop(7, "g", Some("p0"), 1, false, now);
+        let (m, _) = q.pop(7, "g", None, 100, true, now);
+        assert_eq!(m.len(), 49);
+        assert_eq!(q.overhead, recount(&q));
+        q.forget_idle_groups(Duration::from_secs(1), now + Duration::from_secs(2));
+        assert_eq!(q.groups.len(), 0);
+        // "idle-group" never read them, so every ring kept its message
+        // (forgetting a group does not trim without another group): no
+        // partition is empty yet.
+        q.forget_idle_partitions(Duration::from_secs(1), now + Duration::from_secs(2));
+        assert_eq!(q.partition_count(), 50);
+        let (all, _) = q.pop(7, "h", None, 100, true, now + Duration::from_secs(2));
+        assert_eq!(all.len(), 50);
+        q.forget_idle_partitions(Duration::from_secs(1), now + Duration::from_secs(2));
+        assert_eq!(q.partition_count(), 0, "empty, unleased and idle: gone");
+        assert_eq!(q.overhead, recount(&q));
+        assert_eq!(q.overhead, QueueState::group_cost("h"), "only the group is left");
+        // Its number is not reused: an id of the old partition is unknown.
+        q.push("p0", payloads(5..6), 0, now);
+        assert_eq!(q.ack(7, "g", &first[0].id, true, now), Outcome::Unknown);
+        let (fresh, _) = q.pop(7, "h", Some("p0"), 1, true, now);
+        assert_eq!(values(&fresh), [5]);
+    }
+
+    #[test]
+    fn a_recently_written_or_leased_partition_stays() {
+        let (mut q, now) = queue(1);
+        let (m, _) = q.pop(7, "g", None, 1, false, now);
+        q.forget_idle_partitions(Duration::from_secs(1), now + Duration::from_secs(5));
+        assert_eq!(q.partition_count(), 1, "leased");
+        assert_eq!(q.ack(7, "g", &m[0].id, true, now), Outcome::Acked);
+        q.forget_idle_partitions(Duration::from_secs(1), now + Duration::from_millis(500));
+        assert_eq!(q.partition_count(), 1, "written half a second ago");
+        q.forget_idle_partitions(Duration::from_secs(1), now + Duration::from_secs(5));
+        assert_eq!(q.partition_count(), 0);
+        assert_eq!(q.overhead, recount(&q));
     }
 }
