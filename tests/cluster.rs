@@ -33,8 +33,8 @@ async fn wake_across(a: &Broker, b: &Broker, queue: &str) -> (Duration, Value) {
             (answered, r.json::<Value>().await.unwrap_or(Value::Null))
         })
     };
-    // Parked past its first re-checks.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Parked (its first re-check is seconds away in these tests).
+    b.until_parked(1).await;
     let (status, _) = a.post("/api/v1/push", json!({"items": [{"queue": queue, "partition": "p", "payload": {"n": 1}}]})).await;
     assert_eq!(status, 201);
     let pushed = Instant::now();
@@ -56,7 +56,7 @@ async fn a_push_through_one_broker_wakes_a_long_poll_parked_on_another_at_once()
     b.get("/api/v1/pop/queue/q?autoAck=true").await;
     let (took, body) = wake_across(&a, &b, "q").await;
     assert_eq!(body["messages"][0]["data"]["n"], 1);
-    assert!(took < Duration::from_millis(1500), "woken by the hint, not by the 5 s backoff ({took:?})");
+    assert!(took < Duration::from_millis(4000), "woken by the hint, not by the 5 s backoff ({took:?})");
 }
 
 #[tokio::test]
@@ -70,7 +70,7 @@ async fn with_the_hints_dropped_a_long_poll_still_gets_the_message_at_its_next_r
     b.get("/api/v1/pop/queue/q?autoAck=true").await;
     let (took, body) = wake_across(&a, &b, "q").await;
     assert_eq!(body["messages"][0]["data"]["n"], 1);
-    assert!(took < Duration::from_millis(3000), "one reseed interval at most, plus a claim ({took:?})");
+    assert!(took < Duration::from_secs(10), "by a reseed (1 s here), not the 20 s timeout ({took:?})");
 }
 
 #[tokio::test]
@@ -151,7 +151,7 @@ async fn an_ack_on_one_broker_wakes_a_long_poll_the_lease_held_back_on_another()
             (Instant::now(), r.json::<Value>().await.unwrap_or(Value::Null))
         })
     };
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    b.until_parked(1).await;
     let m = &held["messages"][0];
     let (status, _) = a
         .post("/api/v1/ack", json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "leaseId": held["leaseId"], "status": "completed", "consumerGroup": "g"}))
@@ -161,7 +161,7 @@ async fn an_ack_on_one_broker_wakes_a_long_poll_the_lease_held_back_on_another()
     let (answered, body) = parked.await.unwrap();
     assert_eq!(body["messages"][0]["data"], 2);
     let took = answered.saturating_duration_since(acked);
-    assert!(took < Duration::from_millis(1500), "woken by the release hint, not B's 5 s backoff ({took:?})");
+    assert!(took < Duration::from_millis(4000), "woken by the release hint, not B's 5 s backoff ({took:?})");
 }
 
 /// What the consumers of the fault test saw: every delivery, and every

@@ -388,4 +388,23 @@ async fn a_timer_of_an_encrypting_queue_is_sealed_until_it_fires() {
     assert!(stored_frames(&a, "vault").await.iter().all(|(sealed, body, _)| *sealed && !contains(body, SECRET.as_bytes())));
     let left: i64 = sql.query_one("SELECT count(*) FROM queen.timers", &[]).await.unwrap().get(0);
     assert_eq!(left, 1, "the far one waits, the keyless one never was");
+    // With only the keyless broker up, a due sealed timer is left alone: not
+    // taken, not marked failed, its due time not pushed back past the
+    // brokers that can fire it.
+    let mut a = a;
+    sql.execute("UPDATE queen.timers SET sealed_due_at = now() - interval '1 second' WHERE timer_key = 'later'", &[]).await.unwrap();
+    a.kill();
+    let before: String = sql.query_one("SELECT sealed_due_at::text FROM queen.timers WHERE timer_key = 'later'", &[]).await.unwrap().get(0);
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await; // thirty of the keyless broker's 50 ms looks
+    let row = sql.query_one("SELECT sealed_due_at::text, attempts, last_error FROM queen.timers WHERE timer_key = 'later'", &[]).await.unwrap();
+    let (after, attempts, error): (String, i32, Option<String>) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!((after, attempts, error), (before, 0, None), "the keyless broker did not touch it");
+    drop(keyless);
+    // The key holder comes back and fires it.
+    a.restart().await;
+    common::eventually("the key holder to fire it", std::time::Duration::from_secs(10), || async {
+        sql.query_one("SELECT count(*) FROM queen.timers", &[]).await.unwrap().get::<_, i64>(0) == 0
+    })
+    .await;
+    assert_eq!(stored_frames(&a, "vault").await.len(), 2, "fired once, as a message");
 }

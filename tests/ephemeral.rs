@@ -227,7 +227,7 @@ async fn a_waiting_pop_is_woken_by_a_push_and_a_window_buffer_fattens_its_batch(
             (r, started.elapsed())
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually("the pop to wait", Duration::from_secs(10), || async { b.get("/api/v1/ephemeral/queues").await.1["parkedPops"] == 1 }).await;
     push(&b, "inbox", None, &[json!("ping")]).await;
     let (r, took) = waiter.await.unwrap();
     assert_eq!(r["messages"][0]["payload"], "ping");

@@ -87,7 +87,7 @@ async fn a_flood_of_long_polls_cannot_starve_pushes() {
         let url = format!("{}/api/v1/pop/queue/flood?wait=true&timeout=3000", b.url);
         parked.push(tokio::spawn(async move { reqwest::get(url).await.unwrap().status().as_u16() }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.until_parked(3).await;
     let r = b.http.get(format!("{}/api/v1/pop/queue/flood", b.url)).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(r.headers()["retry-after"], "1");

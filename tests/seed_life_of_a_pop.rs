@@ -39,7 +39,7 @@ async fn delayed_processing_is_sql_enforced_and_the_wheel_wakes_a_parked_pop_at_
         configure(&b, "dly", json!({"delayedProcessing": 1})).await;
         assert_eq!(b.pop("/api/v1/pop/queue/dly").await.status, 204);
         let waiter = parked(&b, "/api/v1/pop/queue/dly?wait=true&timeout=10000&autoAck=true");
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        b.until_parked(1).await;
         b.push_to("dly", "p", &[json!("later")]).await;
         let pushed = Instant::now();
         // Not visible yet: a pop that does not wait finds nothing.

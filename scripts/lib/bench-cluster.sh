@@ -2,12 +2,13 @@
 # (default settings: fsync and synchronous commit on) on a unix socket, and a
 # release broker on it. PG_EXTRA adds server options (e.g. the embedded
 # cluster's tuning, to measure it); QUEEN_BIN runs another broker build (an
-# A/B against a copy of an earlier one). Everything stays on localhost; cleanup
-# runs on exit.
+# A/B against a copy of an earlier one); SKIP_BUILD=1 uses the release
+# binaries as they are (an interleaved A/B while the tree changes). Everything
+# stays on localhost; cleanup runs on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 bash scripts/ensure-postgres.sh
-cargo build --locked --release --bins -q
+[ -n "${SKIP_BUILD:-}" ] || cargo build --locked --release --bins -q
 source scripts/lib/pg-cluster.sh
 start_pg_cluster 5499 "${PG_EXTRA:-}"
 BIN=$PG_BIN

@@ -48,6 +48,23 @@ pub struct EphemeralConfig {
     pub idle: Duration,
 }
 
+/// Counts a waiting pop for as long as it lives (also when the request is
+/// dropped mid-wait).
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// One queue: its state and the gate its waiting pops park on.
 struct Queue {
     state: Mutex<QueueState>,
@@ -63,6 +80,9 @@ pub struct Ephemeral {
     /// Bytes queued in all queues (the broker-wide budget's account).
     used: AtomicU64,
     generations: AtomicU64,
+    /// Pops waiting now (`parkedPops` in the listing): what a wake-up test
+    /// waits for, and what an operator reads to see waiting consumers.
+    parked: AtomicU64,
 }
 
 impl Ephemeral {
@@ -77,6 +97,7 @@ impl Ephemeral {
             queues: RwLock::new(HashMap::new()),
             used: AtomicU64::new(0),
             generations: AtomicU64::new(1),
+            parked: AtomicU64::new(0),
         }
     }
 
@@ -235,9 +256,12 @@ impl Ephemeral {
             for t in [next_expiry, window_until].into_iter().flatten() {
                 until = until.min(t.max(now + Duration::from_millis(1)));
             }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(until.into()) => {}
+            {
+                let _parked = Waiting::new(&self.parked);
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                }
             }
             if window_until.is_some() && Instant::now() >= deadline {
                 // The last look takes what there is.
@@ -300,7 +324,8 @@ impl Ephemeral {
             })
             .collect();
         out.sort_by(|a, b| a["queue"].as_str().cmp(&b["queue"].as_str()));
-        json!({"queues": out, "enabled": enabled, "usedBytes": self.used_bytes(), "maxBytes": self.config.max_bytes})
+        json!({"queues": out, "enabled": enabled, "usedBytes": self.used_bytes(), "maxBytes": self.config.max_bytes,
+               "parkedPops": self.parked.load(Ordering::Relaxed)})
     }
 
     /// `GET /api/v1/ephemeral/queues/{queue}/depth`; None: no such queue.

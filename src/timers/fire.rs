@@ -114,14 +114,19 @@ async fn fire_batch(
 ) -> Result<Option<(Vec<Pushed>, bool)>, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let rows = tx
-        .query(
-            "SELECT queue, timer_key, partition, payload, txn, message_id, producer_sub, sealed FROM queen.timers
-             WHERE deliver_at <= now() OR sealed_due_at <= now()
-             ORDER BY COALESCE(sealed_due_at, deliver_at) LIMIT $1 FOR UPDATE SKIP LOCKED",
-            &[&batch],
-        )
-        .await?;
+    // A broker without a key leaves sealed timers alone (their deliver_at
+    // is the far future): taking them only to put them back would keep
+    // pushing their due time past the brokers that can fire them.
+    let due_sql = if coalescer.encryption().ring().is_some() {
+        "SELECT queue, timer_key, partition, payload, txn, message_id, producer_sub, sealed FROM queen.timers
+         WHERE deliver_at <= now() OR sealed_due_at <= now()
+         ORDER BY COALESCE(sealed_due_at, deliver_at) LIMIT $1 FOR UPDATE SKIP LOCKED"
+    } else {
+        "SELECT queue, timer_key, partition, payload, txn, message_id, producer_sub, sealed FROM queen.timers
+         WHERE deliver_at <= now()
+         ORDER BY deliver_at LIMIT $1 FOR UPDATE SKIP LOCKED"
+    };
+    let rows = tx.query(due_sql, &[&batch]).await?;
     if rows.is_empty() {
         return Ok(Some((Vec::new(), false)));
     }

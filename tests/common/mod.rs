@@ -213,6 +213,17 @@ impl Broker {
         (status, r.json().await.unwrap_or(serde_json::Value::Null))
     }
 
+    /// Long-polls parked on this broker now (`/metrics`, `longPolls.parked`).
+    pub async fn parked(&self) -> i64 {
+        self.get("/metrics").await.1["longPolls"]["parked"].as_i64().expect("/metrics counts parked long-polls")
+    }
+
+    /// Waits until at least `n` long-polls are parked here: a wake-up test
+    /// acts once the broker says its pop waits, not after a guessed sleep.
+    pub async fn until_parked(&self, n: i64) {
+        eventually(&format!("{n} parked long-polls"), Duration::from_secs(20), || async { self.parked().await >= n }).await;
+    }
+
     pub fn logs(&self) -> Vec<String> {
         self.logs.lock().unwrap().clone()
     }
