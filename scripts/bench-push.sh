@@ -18,9 +18,23 @@ PAYLOAD=${PAYLOAD:-100}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 start_broker
 
+# PostgreSQL's commits so far in the broker's database (every backend's,
+# background services included), read after the stats have been flushed.
+commits() {
+    sleep 1.5
+    "${PSQL[@]}" -tAc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+}
+
 echo "== broker: push, $PARTITIONS partitions, ${PAYLOAD}-byte payloads"
-./target/release/queen-bench --url "$BROKER_URL" push --batch 1 --partitions "$PARTITIONS" \
-    --concurrency "$CLIENTS1" --duration "$DURATION" --payload-size "$PAYLOAD"
+before=$(commits)
+out=$(./target/release/queen-bench --url "$BROKER_URL" push --batch 1 --partitions "$PARTITIONS" \
+    --concurrency "$CLIENTS1" --duration "$DURATION" --payload-size "$PAYLOAD")
+echo "$out"
+after=$(commits)
+messages=$(echo "$out" | sed -n 's/.*"messages":\([0-9]*\).*/\1/p')
+per=$(awk -v c=$((after - before)) -v m="$messages" 'BEGIN { printf "%.3f", c / m }')
+echo "PostgreSQL commits per pushed message at batch 1: $((after - before)) for $messages = $per"
+echo "{\"scenario\":\"commits-per-message\",\"batch\":1,\"commits\":$((after - before)),\"messages\":$messages,\"per_message\":$per}"
 ./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions "$PARTITIONS" \
     --concurrency "$CLIENTS100" --duration "$DURATION" --payload-size "$PAYLOAD"
 # The same on a queue without a dedup window (no transaction index).
