@@ -14,6 +14,13 @@
 //! leaves at once. The same connection listens and keeps this broker's row
 //! in `queen.brokers` (migration 0017) fresh with a heartbeat.
 //!
+//! A broker alone on its database sends nothing: every notification is a
+//! PostgreSQL transaction (and takes the server's notification lock at
+//! commit), and at batch 1 they were most of the commits a push run cost
+//! (0.42 of 0.53 commits per message, docs/PERFORMANCE.md). Whether others
+//! are live is read with each heartbeat; a broker that joins is heard from
+//! within a second, and a hint missed meanwhile costs what a lost one does.
+//!
 //! Hints are an optimisation, never the correctness: a lost one (the
 //! connection broke, PostgreSQL restarted, hints are switched off with
 //! `QUEEN_PEER_HINTS=false`) costs at most one long-poll backoff interval
@@ -169,13 +176,22 @@ async fn session(
                 VALUES ($1, $2, $3, now(), now())
                 ON CONFLICT (instance) DO UPDATE SET heartbeat_at = now()";
     client.execute(beat, &[&instance, &server_id, &env!("CARGO_PKG_VERSION")]).await?;
+    let others = "SELECT count(*) FROM queen.brokers WHERE instance <> $1 AND heartbeat_at > now() - make_interval(secs => $2)";
+    let mut peers: i64 = client.query_one(others, &[&instance, &LIVE_WITHIN_SECONDS]).await?.get(0);
+    // Say hello, so that brokers already running start telling this one at
+    // once rather than at their next heartbeat.
+    client.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &json!({"b": instance, "h": [], "w": [], "r": false}).to_string()]).await?;
     tracing::info!(instance, "listening for the other brokers' pushes");
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let result = loop {
         tokio::select! {
             payload = notifications.recv() => match payload {
-                Some(p) => heard(ears, &p),
+                Some(p) => {
+                    if heard(ears, &p) {
+                        peers = peers.max(1); // another broker is there
+                    }
+                }
                 None => break Ok(Ended::Closed),
             },
             first = hints.recv() => {
@@ -184,12 +200,16 @@ async fn session(
                 while let Ok(h) = hints.try_recv() {
                     batch.push(h);
                 }
+                if peers == 0 {
+                    continue; // nobody to tell
+                }
                 for payload in payloads(instance, batch) {
                     client.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &payload]).await?;
                 }
             }
             _ = heartbeat.tick() => {
                 client.execute(beat, &[&instance, &server_id, &env!("CARGO_PKG_VERSION")]).await?;
+                peers = client.query_one(others, &[&instance, &LIVE_WITHIN_SECONDS]).await?.get(0);
                 // Rows of brokers gone for a day are forgotten.
                 client.execute("DELETE FROM queen.brokers WHERE heartbeat_at < now() - interval '1 day'", &[]).await?;
             }
@@ -244,11 +264,12 @@ fn payloads(instance: &str, batch: Vec<Hint>) -> Vec<String> {
 }
 
 /// Applies another broker's notification: wake gates and hot-lists, as a
-/// local push would, and a reload when it announces one.
-fn heard(ears: &Ears<'_>, payload: &str) {
-    let Ok(v) = serde_json::from_str::<Value>(payload) else { return };
+/// local push would, and a reload when it announces one. Whether it came
+/// from another broker.
+fn heard(ears: &Ears<'_>, payload: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<Value>(payload) else { return false };
     if v["b"].as_str() == Some(ears.instance) {
-        return;
+        return false;
     }
     for h in v["h"].as_array().into_iter().flatten() {
         if let (Some(queue), Some(pid), Some(partition), Some(count)) = (h[0].as_str(), h[1].as_i64(), h[2].as_str(), h[3].as_u64()) {
@@ -261,6 +282,7 @@ fn heard(ears: &Ears<'_>, payload: &str) {
     if v["r"] == true {
         ears.reloads.notify_one();
     }
+    true
 }
 
 /// `GET /api/v1/system/brokers`: the brokers on this database.

@@ -59,6 +59,61 @@ async fn a_push_through_one_broker_wakes_a_long_poll_parked_on_another_at_once()
     assert!(took < Duration::from_millis(4000), "woken by the hint, not by the 5 s backoff ({took:?})");
 }
 
+/// The notifications on the brokers' channel, as a plain listener hears
+/// them (a listener is no broker: it is not in `queen.brokers`).
+async fn listen(db: &str) -> (tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    let (client, mut conn) = tokio_postgres::connect(&cluster().url(db), tokio_postgres::NoTls).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Ok(m)) = futures_util::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(serde_json::from_str(n.payload()).unwrap_or(Value::Null));
+            }
+        }
+    });
+    client.batch_execute("LISTEN queen_pushes").await.unwrap();
+    (client, rx)
+}
+
+/// Each notification is a PostgreSQL transaction, and at batch 1 they were
+/// most of a push run's commits (issue 46): a broker alone on its database
+/// sends none, and starts as soon as another broker says hello.
+#[tokio::test]
+async fn a_broker_alone_sends_no_hints_and_starts_when_another_joins() {
+    let db = cluster().create_db().await;
+    let a = broker_on(&db, &[]).await;
+    let (_client, mut heard) = listen(&db).await;
+    let push = |n: i32| a.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "p", "payload": {"n": n}}]}));
+    for n in 0..20 {
+        assert_eq!(push(n).await.0, 201);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a heartbeat and more: time for a hint to leave
+    let mut alone = Vec::new();
+    while let Ok(v) = heard.try_recv() {
+        alone.push(v);
+    }
+    assert!(alone.iter().all(|v| v["h"].as_array().is_none_or(Vec::is_empty)), "a lone broker hinted its pushes: {alone:?}");
+    let b = broker_on(&db, &[]).await;
+    let hello = tokio::time::timeout(Duration::from_secs(10), heard.recv()).await.expect("the newcomer says hello").unwrap();
+    assert_eq!(hello["h"], json!([]), "{hello}");
+    // From now on a's pushes are hinted (b is heard at once; at the latest
+    // at a's next heartbeat).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut hinted = false;
+    for n in 100.. {
+        assert_eq!(push(n).await.0, 201);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while let Ok(v) = heard.try_recv() {
+            hinted |= v["b"] != hello["b"] && v["h"].as_array().is_some_and(|h| !h.is_empty());
+        }
+        if hinted || Instant::now() > deadline {
+            break;
+        }
+    }
+    assert!(hinted, "a hinted nothing with b live");
+    drop(b);
+}
+
 #[tokio::test]
 async fn with_the_hints_dropped_a_long_poll_still_gets_the_message_at_its_next_reseed() {
     let db = cluster().create_db().await;
