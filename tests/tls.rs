@@ -95,26 +95,7 @@ fn tls_cluster() -> &'static TlsCluster {
         // The server's key must be private to the server's user.
         run(Command::new("chmod").arg("600").arg(certs.join("server.key"))).unwrap();
         hand_to_postgres(&dir).unwrap();
-        let script = r#"
-            "$1" -D "$2" $3 >"$4/pg.log" 2>&1 &
-            pid=$!
-            read _ignored
-            kill -INT $pid
-            wait $pid
-            rm -rf "$4"
-        "#;
-        let mut child = as_postgres(Path::new("sh"))
-            .arg("-c")
-            .arg(script)
-            .arg("watchdog")
-            .arg(bindir.join("postgres"))
-            .arg(&pgdata)
-            .arg(&options)
-            .arg(&dir)
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("watchdog starts");
-        let stdin = child.stdin.take().unwrap();
+        let (child, stdin) = common::watched_postgres(&bindir, &pgdata, &options, &dir);
         let ready = || {
             Command::new(bindir.join("pg_isready")).args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()]).status().is_ok_and(|s| s.success())
         };

@@ -36,27 +36,12 @@ fn start_cluster() -> Cluster {
     embedded_pg::hand_to_postgres(&dir).unwrap();
     embedded_pg::initdb(&bindir, &pgdata, &["--no-sync"]).unwrap();
     // Tests are about the broker, not the disk: skip fsync for speed.
-    let script = r#"
-        "$1" -D "$2" -k "$3" -p "$4" -c listen_addresses= -c fsync=off -c full_page_writes=off \
-             -c synchronous_commit=off -c max_connections=500 -c TimeZone=UTC >"$3/pg.log" 2>&1 &
-        pid=$!
-        read _ignored
-        kill -INT $pid
-        wait $pid
-        rm -rf "$3"
-    "#;
-    let mut child = as_postgres(Path::new("sh"))
-        .arg("-c")
-        .arg(script)
-        .arg("watchdog")
-        .arg(bindir.join("postgres"))
-        .arg(&pgdata)
-        .arg(&dir)
-        .arg(SOCKET_PORT.to_string())
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("watchdog starts");
-    let stdin = child.stdin.take().unwrap();
+    let options = format!(
+        "-k {} -p {SOCKET_PORT} -c listen_addresses= -c fsync=off -c full_page_writes=off -c synchronous_commit=off \
+         -c max_connections=500 -c TimeZone=UTC",
+        dir.display()
+    );
+    let (child, stdin) = watched_postgres(&bindir, &pgdata, &options, &dir);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let ready = Command::new(bindir.join("pg_isready"))
@@ -75,6 +60,34 @@ fn start_cluster() -> Cluster {
         std::thread::sleep(Duration::from_millis(100));
     }
     Cluster { socket_dir: dir, _watchdog: Mutex::new((child, stdin)) }
+}
+
+/// Runs `postgres -D pgdata <options>` under a small shell watchdog whose
+/// stdin is a pipe held by the test process: when the process exits,
+/// however it exits, the pipe closes, and the watchdog stops PostgreSQL and
+/// deletes `dir` (its log is `dir/pg.log`). No test leaves a server behind.
+pub fn watched_postgres(bindir: &Path, pgdata: &Path, options: &str, dir: &Path) -> (Child, ChildStdin) {
+    let script = r#"
+        "$1" -D "$2" $3 >"$4/pg.log" 2>&1 &
+        pid=$!
+        read _ignored
+        kill -INT $pid
+        wait $pid
+        rm -rf "$4"
+    "#;
+    let mut child = as_postgres(Path::new("sh"))
+        .arg("-c")
+        .arg(script)
+        .arg("watchdog")
+        .arg(bindir.join("postgres"))
+        .arg(pgdata)
+        .arg(options)
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("watchdog starts");
+    let stdin = child.stdin.take().unwrap();
+    (child, stdin)
 }
 
 impl Cluster {
