@@ -145,7 +145,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone(), encryption.clone());
     let registry = Arc::new(AckRegistry::new(config.ack_registry_bytes));
     let pop = PopService::new(store.pool.clone(), config.pop.clone(), config.pool_size, config.pool_wait, registry.clone(), encryption.clone());
-    let ack = Arc::new(AckService::new(store.pool.clone(), registry));
+    let ack = Arc::new(AckService::new(store.pool.clone(), registry, config.ack_writers));
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
     pop.spawn_wheel(stop_services.subscribe());
@@ -200,6 +200,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let flush_every = config.file_buffer_flush;
     let config_limits = config.limits.clone();
     let config_ephemeral = config.ephemeral.clone();
+    let config_kv = config.kv.clone();
     crate::http::body::set_body_timeout(config.limits.body_timeout);
     let cluster = if config.peer_hints {
         crate::cluster::Cluster::spawn(store.target.clone(), pop.clone(), config.server_id.clone(), stop_services.subscribe())
@@ -211,6 +212,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         push_maintenance: push_maintenance.clone(),
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
         traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()), switches,
+        kv: crate::kv::KvWriter::new(store.pool.clone(), config_kv.limits.clone(), config_kv.writers),
         ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)) };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     spawn_timer_fire(state.clone(), stop_services.subscribe());

@@ -196,6 +196,9 @@ pub struct Config {
     pub queue_cache_refresh: Duration,
     /// Memory bound of the ack registry.
     pub ack_registry_bytes: usize,
+    /// Most shared ack writes (several requests' acks in one transaction,
+    /// `ack::share`) in flight.
+    pub ack_writers: usize,
     /// Cadence and batch of the retention and dedup-purge services.
     pub retention_interval: Duration,
     pub retention_batch: i32,
@@ -242,6 +245,8 @@ pub struct Config {
 pub struct KvConfig {
     pub enabled: bool,
     pub limits: KvLimits,
+    /// Most shared single-write commits (`kv::share`) in flight.
+    pub writers: usize,
     pub sweep_interval: Duration,
 }
 
@@ -497,6 +502,7 @@ impl Config {
             },
             queue_cache_refresh: ms(&["QUEEN_CACHE_REFRESH_INTERVAL_MS"], 60_000, 50)?,
             ack_registry_bytes: env.parse(&["QUEEN_ACK_REGISTRY_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
+            ack_writers: env.parse(&["QUEEN_ACK_GROUP_WRITERS"], 2usize, "a count of at least 1", |v| *v >= 1)?,
             retention_interval: ms(&["RETENTION_INTERVAL"], 5000, 100)?,
             retention_batch: env.parse(&["RETENTION_BATCH_SIZE"], 1000i32, "a batch size of at least 1", |v| *v >= 1)?,
             metrics_flush: ms(&["METRICS_FLUSH_MS"], 60_000, 100)?,
@@ -527,6 +533,7 @@ impl Config {
             timers_batch: env.parse(&["QUEEN_TIMERS_BATCH_SIZE"], 1000i64, "a batch size from 1 to 10000", |v| (1..=10_000).contains(v))?,
             kv: KvConfig {
                 enabled: env.boolean(&["QUEEN_KV_ENABLED"], true)?,
+                writers: env.parse(&["QUEEN_KV_GROUP_WRITERS"], 2usize, "a count of at least 1", |v| *v >= 1)?,
                 limits: KvLimits {
                     max_value_bytes: env.parse(&["QUEEN_KV_MAX_VALUE_BYTES"], 65_536usize, "a byte count from 1 to 16777216", |v| (1..=16 << 20).contains(v))?,
                     max_key_bytes: env.parse(&["QUEEN_KV_MAX_KEY_BYTES"], 512usize, "a byte count from 1 to 4096", |v| (1..=4096).contains(v))?,
@@ -588,6 +595,7 @@ impl Config {
         ("QUEEN_TIMERS_INTERVAL_MS", "50", "ms between looks for due timers when none was due (a full batch is followed at once by the next)"),
         ("QUEEN_TIMERS_BATCH_SIZE", "1000", "most timers one fire transaction turns into messages"),
         ("QUEEN_KV_ENABLED", "true", "serve KV; false answers every KV route 503 kv_disabled"),
+        ("QUEEN_KV_GROUP_WRITERS", "2", "most shared commits of single-write KV calls (several calls in one transaction) in flight"),
         ("QUEEN_KV_MAX_VALUE_BYTES", "65536", "largest KV value, as JSON text; larger answers 413 kv_value_too_large"),
         ("QUEEN_KV_MAX_KEY_BYTES", "512", "longest KV key (namespaces: 128 bytes of A-Z a-z 0-9 . _ : -)"),
         ("QUEEN_KV_MAX_OPS_PER_CALL", "256", "most operations in one KV call"),
@@ -611,6 +619,7 @@ impl Config {
         ("QUEEN_V2_FUSION_FRAMES", "500", "most messages in one coalesced segment"),
         ("QUEEN_V2_FUSION_BYTES", "4194304", "most uncompressed bytes in one coalesced segment"),
         ("QUEEN_PUSH_GROUP_WRITERS", "2", "most group commits (several partitions' segments in one transaction) in flight (measured: docs/DECISIONS.md)"),
+        ("QUEEN_ACK_GROUP_WRITERS", "2", "most shared ack commits (several requests' acks in one transaction) in flight (measured: docs/DECISIONS.md)"),
         ("QUEEN_V2_ZSTD_LEVEL", "3", "zstd level of segment compression"),
         ("QUEEN_DEDUP_MEMORY_ENTRIES", "16000000", "most transactionIds the broker remembers for the dedup windows of the partitions it writes (about 40 bytes each); past it the least recently written partitions are forgotten and checked in PostgreSQL on their next write"),
         ("DEFAULT_TIMEOUT (fallback POP_DEFAULT_TIMEOUT_MS)", "30000", "long-poll timeout in ms of a pop that sends none"),

@@ -36,6 +36,12 @@ pub const PUSH_STAGE: &str = "queen_push_stage_seconds";
 /// applied: `bulk` (the plain groups of a multi-partition batch, one
 /// statement) or `each` (one `ack_v2` call).
 pub const ACK_GROUPS: &str = "queen_ack_groups_total";
+/// Ack requests that were applied in a commit shared with others
+/// (`ack::share`); a lone request is not counted.
+pub const ACK_SHARED_REQUESTS: &str = "queen_ack_shared_requests_total";
+/// Single-write KV calls that were applied in a commit shared with others
+/// (`kv::share`).
+pub const KV_SHARED_CALLS: &str = "queen_kv_shared_calls_total";
 pub const POOL_CONNECTIONS: &str = "queen_db_pool_connections";
 pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";

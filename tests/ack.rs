@@ -718,3 +718,73 @@ async fn an_auto_ack_delivery_gives_the_next_message_a_fresh_retry_budget() {
     assert_eq!((r[0]["success"].as_bool(), r[0]["dlq"].as_bool()), (Some(true), Some(false)), "t1's first failure is a retry, not t0's second: {r:?}");
     assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await.2, 1);
 }
+
+/// Concurrent ack requests share commits (`ack::share`), and each is
+/// answered with its own outcome: a request naming a wrong lease among good
+/// ones fails alone, every good one moves its own partition's cursor, and
+/// the fenced message's cursor stays where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_acks_share_a_commit_and_each_gets_its_own_outcome() {
+    // One writer: whatever arrives while it writes waits and goes together.
+    let b = Broker::start_with(&[("QUEEN_ACK_GROUP_WRITERS", "1")]).await;
+    const PARTITIONS: usize = 12;
+    assert_eq!(b.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "fenced", "payload": 0, "transactionId": "f0"}]})).await.0, 201);
+    let fenced = b.pop("/api/v1/pop/queue/q/partition/fenced?batch=1").await.body.expect("the fenced message");
+    let fenced_pid = fenced["partitionId"].as_str().unwrap().to_string();
+    let shared = || async { common::sample(&b.prometheus().await, "queen_ack_shared_requests_total").unwrap_or(0.0) };
+    let mut rounds = 0;
+    while shared().await == 0.0 {
+        assert!(rounds < 20, "twenty rounds of {PARTITIONS} concurrent acks never shared a commit");
+        let items: Vec<Value> = (0..PARTITIONS)
+            .map(|k| json!({"queue": "q", "partition": format!("p{k}"), "payload": k, "transactionId": format!("r{rounds}-{k}")}))
+            .collect();
+        assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+        let mut leased = Vec::new();
+        for k in 0..PARTITIONS {
+            let body = b.pop(&format!("/api/v1/pop/queue/q/partition/p{k}?batch=1")).await.body.expect("one message");
+            leased.push((body["leaseId"].as_str().unwrap().to_string(), body["partitionId"].as_str().unwrap().to_string()));
+        }
+        let txns: Vec<String> = (0..PARTITIONS).map(|k| format!("r{rounds}-{k}")).collect();
+        let b = &b;
+        let good = leased.iter().zip(&txns).map(|((lease, pid), txn)| async move {
+            b.ack_batch(None, &[(txn.as_str(), pid.as_str(), "completed", Some(lease.as_str()))]).await
+        });
+        let bad = async { b.ack_batch(None, &[("f0", &fenced_pid, "completed", Some("not-the-lease"))]).await };
+        let (answers, bad) = tokio::join!(futures_util::future::join_all(good), bad);
+        assert_eq!(bad.len(), 1);
+        assert_eq!((outcome(&bad[0]), bad[0]["transactionId"].as_str()), ((false, Some("invalid or expired lease")), Some("f0")));
+        for ((answer, txn), (_, pid)) in answers.iter().zip(&txns).zip(&leased) {
+            assert_eq!(answer.len(), 1, "{answer:?}");
+            assert_eq!((outcome(&answer[0]), answer[0]["transactionId"].as_str(), answer[0]["index"].as_u64()), ((true, None), Some(txn.as_str()), Some(0)));
+            assert_eq!(b.cursor(pid, "__QUEUE_MODE__").await.0, rounds as i64, "{txn}");
+        }
+        rounds += 1;
+    }
+    assert_eq!(b.cursor(&fenced_pid, "__QUEUE_MODE__").await.0, -1, "the fenced ack moved nothing");
+}
+
+/// A nack's error text with a NUL character (which PostgreSQL's text cannot
+/// hold) is refused at the edge, naming the field, and moves nothing.
+#[tokio::test]
+async fn a_nack_whose_error_holds_a_nul_is_refused_and_changes_nothing() {
+    let b = Broker::start().await;
+    let (lease, pid) = leased_five(&b, "").await;
+    let nack = json!({"acknowledgments": [{"transactionId": "t0", "partitionId": pid, "leaseId": lease, "status": "failed", "error": "bad\u{0}byte"}]});
+    let (status, body) = b.post("/api/v1/ack/batch", nack).await;
+    // The batch route refuses the item alone, inside its 200.
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0]["success"], false, "{body}");
+    assert!(body[0]["error"].as_str().unwrap().starts_with("error: must not contain a NUL character"), "{body}");
+    let (status, body) = b.post("/api/v1/ack", json!({"transactionId": "t0", "partitionId": pid, "leaseId": lease, "status": "failed", "error": "bad\u{0}byte"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().starts_with("error: must not contain a NUL character"), "{body}");
+    let (status, body) = b.post("/api/v1/ack", json!({"transactionId": "t0", "partitionId": pid, "leaseId": lease, "consumerGroup": "g\u{0}"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().starts_with("consumerGroup: must not contain"), "{body}");
+    let (status, body) = b.post(&format!("/api/v1/lease/{}%00/extend", lease), json!({})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().starts_with("leaseId: must not contain"), "{body}");
+    // Nothing moved, nothing counted against the retry budget.
+    let (committed, _, retries) = b.cursor(&pid, "__QUEUE_MODE__").await;
+    assert_eq!((committed, retries), (-1, 0));
+}

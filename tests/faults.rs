@@ -55,11 +55,16 @@ async fn ten_kills_lose_nothing_that_was_acknowledged() {
             }
         }));
     }
-    for _ in 0..2 {
-        let (stop, http, url) = (stop.clone(), http.clone(), url.clone());
+    // Consumers: two take batches of 20 over two partitions, four take one
+    // message at a time (the clients' default), so that acks of different
+    // consumers share commits (ack::share) when the broker is killed.
+    let committed_acks: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    for consumer in 0..6 {
+        let (stop, http, url, committed_acks) = (stop.clone(), http.clone(), url.clone(), committed_acks.clone());
+        let pop = if consumer < 2 { "batch=20&partitions=2" } else { "batch=1" };
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                let Ok(r) = http.get(format!("{url}/api/v1/pop/queue/crash?batch=20&partitions=2&consumerGroup=workers&leaseSeconds=2")).send().await else {
+                let Ok(r) = http.get(format!("{url}/api/v1/pop/queue/crash?{pop}&consumerGroup=workers&leaseSeconds=2")).send().await else {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 };
@@ -71,7 +76,18 @@ async fn ten_kills_lose_nothing_that_was_acknowledged() {
                 let acks: Vec<Value> = body["messages"].as_array().unwrap().iter()
                     .map(|m| json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "status": "completed", "leaseId": body["leaseId"]}))
                     .collect();
-                let _ = http.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": "workers"})).send().await;
+                let Ok(r) = http.post(format!("{url}/api/v1/ack/batch")).json(&json!({"acknowledgments": acks, "consumerGroup": "workers"})).send().await else {
+                    continue;
+                };
+                // An ack answered success is committed: it survives the kill.
+                if let (200, Ok(answers)) = (r.status().as_u16(), r.json::<Value>().await) {
+                    let mut c = committed_acks.lock().unwrap();
+                    for (ack, answer) in acks.iter().zip(answers.as_array().unwrap()) {
+                        if answer["success"] == true {
+                            c.push((ack["partitionId"].as_str().unwrap().to_string(), ack["transactionId"].as_str().unwrap().to_string()));
+                        }
+                    }
+                }
             }
         }));
     }
@@ -135,6 +151,27 @@ async fn ten_kills_lose_nothing_that_was_acknowledged() {
     }
     let lost: Vec<&String> = acknowledged.difference(&stored).collect();
     assert!(lost.is_empty(), "answered 201 but not stored: {lost:?}");
+
+    // Every ack answered success is in its cursor (before the drain below
+    // moves them all).
+    let committed_acks = committed_acks.lock().unwrap().clone();
+    assert!(committed_acks.len() > 100, "the run acked too little to mean anything: {}", committed_acks.len());
+    let mut offsets: HashMap<String, (String, i64)> = HashMap::new();
+    for p in 0..8 {
+        for m in stored_messages(&sql, "crash", &format!("p{p}")).await {
+            offsets.insert(m.transaction_id, (format!("p{p}"), m.offset));
+        }
+    }
+    for (pid, txn) in &committed_acks {
+        let committed: i64 = sql
+            .query_one("SELECT committed FROM queen.consumers WHERE partition_id = $1::text::bigint AND consumer_group = 'workers'", &[pid])
+            .await
+            .unwrap()
+            .get(0);
+        let (partition, offset) = &offsets[txn];
+        assert!(committed >= *offset, "{txn} ({partition}, offset {offset}) acked with success, cursor at {committed}");
+    }
+    eprintln!("{} acks answered success across 10 kills", committed_acks.len());
 
     // Once the leases have expired, the workers can drain everything: nothing is stuck leased.
     tokio::time::sleep(Duration::from_millis(2200)).await;

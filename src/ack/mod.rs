@@ -18,6 +18,7 @@
 //! The broker's part beyond resolution is the DLQ snapshot: only it can
 //! decode the head message out of its segment.
 
+mod share;
 pub mod transaction;
 
 use std::collections::HashMap;
@@ -164,19 +165,25 @@ struct Snapshot {
     created_at: Option<DateTime<Utc>>,
 }
 
-/// The commit side of the broker.
+/// The commit side of the broker. Cheap to clone: a shared write runs on
+/// its own task with a clone (`share`).
+#[derive(Clone)]
 pub struct AckService {
     pool: Pool,
     pub registry: Arc<AckRegistry>,
+    share: Arc<crate::db::share::Share<share::Request>>,
 }
 
 impl AckService {
-    pub fn new(pool: Pool, registry: Arc<AckRegistry>) -> AckService {
-        AckService { pool, registry }
+    /// `writers`: most shared ack writes in flight (`QUEEN_ACK_GROUP_WRITERS`).
+    pub fn new(pool: Pool, registry: Arc<AckRegistry>, writers: usize) -> AckService {
+        AckService { pool, registry, share: Arc::new(crate::db::share::Share::new(writers, share::MAX_ITEMS)) }
     }
 
-    /// Applies acknowledgements; outcomes come back in request order, plus the
-    /// leases the acks released.
+    /// Applies acknowledgements now, on a connection of its own (requests
+    /// come here through [`AckService::ack`], which puts concurrent ones
+    /// together); outcomes come back in item order, plus the leases the
+    /// acks released.
     ///
     /// Acks of several partitions commit together, in one transaction: each
     /// `ack_v2` call on its own was one commit, one WAL flush, so a batch over
@@ -184,10 +191,16 @@ impl AckService {
     /// partitions). The cursor rows are locked in partition order (see
     /// `ack_on`) and pops skip locked rows, so concurrent batches queue rather
     /// than deadlock; a deadlock with another kind of writer is retried.
-    pub async fn ack(&self, items: &[AckItem]) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
+    ///
+    /// Acks of one partition need no transaction when they come from one
+    /// request (each statement is all-or-nothing for its group, and a
+    /// request's groups are independent); several requests' acks of one
+    /// partition (`together`) still take one, so that a failed shared write
+    /// applied nothing before it is retried request by request.
+    async fn ack_now(&self, items: &[AckItem], together: bool) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
         let mut client = self.pool.get().await?;
         let first = items.first().map(|i| i.partition_id.as_str());
-        if items.iter().all(|i| Some(i.partition_id.as_str()) == first) {
+        if !together && items.iter().all(|i| Some(i.partition_id.as_str()) == first) {
             return self.ack_on(&client, items, Fence::BelowCursorIsNoop).await;
         }
         let mut attempt = 1;

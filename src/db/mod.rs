@@ -7,6 +7,7 @@
 
 pub mod limiter;
 pub mod migrations;
+pub mod share;
 pub mod tls;
 
 use std::time::Duration;

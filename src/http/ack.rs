@@ -20,6 +20,7 @@ use super::AppState;
 use crate::ack::{AckItem, AckOutcome, AckStatus, Released};
 use crate::json::ObjectOnly;
 use crate::pop::QUEUE_MODE;
+use crate::push::validate::NUL_REFUSED;
 
 async fn json_body(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Option<Value>, ApiError> {
     let bytes = read_limited(headers, body, state.config.max_body_bytes).await?;
@@ -168,11 +169,17 @@ fn item_of(raw: &str, group: &str) -> Result<AckItem, String> {
 
 /// The rules for one acknowledgement's fields.
 fn item_from(f: AckFields<'_>, group: &str) -> Result<AckItem, String> {
+    // PostgreSQL's text holds no NUL character: refused here, by name,
+    // rather than failing the statement (and every ack sharing its commit).
+    let no_nul = |k: &str, s: &str| if s.contains('\0') { Err(format!("{k}: {NUL_REFUSED}")) } else { Ok(()) };
     let field = |k: &str, v: &Option<Field>| match v {
-        Some(Field::Str(s)) if !s.is_empty() => Ok(s.to_string()),
+        Some(Field::Str(s)) if !s.is_empty() => no_nul(k, s).map(|()| s.to_string()),
         Some(Field::Str(_)) | None => Err(format!("{k}: required, a non-empty string")),
         Some(_) => Err(format!("{k}: must be a string")),
     };
+    let optional = |k: &str, v: Option<&str>| v.map(|s| no_nul(k, s).map(|()| s.to_string())).transpose();
+    let group = group_of(f.consumer_group.as_ref(), group);
+    no_nul("consumerGroup", &group)?;
     let status = match &f.status {
         Some(Field::Bool(true)) => AckStatus::Completed,
         Some(Field::Bool(false)) => AckStatus::Failed,
@@ -183,12 +190,12 @@ fn item_from(f: AckFields<'_>, group: &str) -> Result<AckItem, String> {
         transaction_id: field("transactionId", &f.transaction_id)?,
         partition_id: field("partitionId", &f.partition_id)?,
         status,
-        error: match &f.error {
-            Some(Field::Str(s)) => Some(s.to_string()),
+        error: optional("error", match &f.error {
+            Some(Field::Str(s)) => Some(s),
             _ => None,
-        },
-        lease_id: f.lease_id.as_ref().and_then(Field::text).map(str::to_string),
-        group: group_of(f.consumer_group.as_ref(), group),
+        })?,
+        lease_id: optional("leaseId", f.lease_id.as_ref().and_then(Field::text))?,
+        group,
     })
 }
 
@@ -273,7 +280,7 @@ async fn apply(state: &AppState, items: &[AckItem]) -> Result<Vec<AckOutcome>, A
     if items.is_empty() {
         return Ok(Vec::new());
     }
-    let (outcomes, released) = state.ack.ack(items).await.map_err(ApiError::from)?;
+    let (outcomes, released) = state.ack.ack(items).await.map_err(|e| ApiError::from_db(&e))?;
     state.count_acks(&outcomes);
     wake_after(state, &released);
     Ok(outcomes)
@@ -367,6 +374,9 @@ pub async fn extend_lease(
             _ => return Err(ApiError::BadRequest(format!("seconds: a whole number from 1 to {MAX_LEASE_SECONDS}, got {v}"))),
         },
     };
+    if lease_id.contains('\0') {
+        return Err(ApiError::BadRequest(format!("leaseId: {NUL_REFUSED}")));
+    }
     let (renewed, expires) = state.ack.extend(&lease_id, seconds).await.map_err(ApiError::from)?;
     let at = expires.map(|t| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string());
     Ok(Json(json!({"leaseId": lease_id, "success": renewed > 0, "renewed": renewed,
