@@ -250,6 +250,20 @@ async fn a_broker_killed_mid_call_leaves_every_call_whole_or_absent() {
             }
         }));
     }
+    // Single puts beside them, which share commits (kv::share): each one
+    // answered is stored too.
+    let singles = std::sync::Arc::new(std::sync::Mutex::new(Vec::<usize>::new()));
+    for i in 0..400 {
+        let (http, url, singles) = (b.http.clone(), b.url.clone(), singles.clone());
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"operations": [{"op": "put", "ns": "crash", "key": format!("single:{i}"), "value": i, "forever": true}]});
+            if let Ok(r) = http.post(format!("{url}/api/v1/kv")).json(&body).send().await {
+                if r.status().as_u16() == 200 && r.json::<Value>().await.is_ok_and(|v| v["success"] == true) {
+                    singles.lock().unwrap().push(i);
+                }
+            }
+        }));
+    }
     eventually("some calls are answered", Duration::from_secs(20), || {
         let answered = answered.clone();
         async move { answered.lock().unwrap().len() >= 50 }
@@ -267,6 +281,11 @@ async fn a_broker_killed_mid_call_leaves_every_call_whole_or_absent() {
     for i in &answered {
         let n: i64 = sql.query_one("SELECT count(*) FROM queen.kv WHERE ns = 'crash' AND key = $1", &[&format!("log:{i}")]).await.unwrap().get(0);
         assert_eq!(n, 1, "answered call {i} is stored");
+    }
+    let singles = singles.lock().unwrap().clone();
+    for i in &singles {
+        let n: i64 = sql.query_one("SELECT count(*) FROM queen.kv WHERE ns = 'crash' AND key = $1", &[&format!("single:{i}")]).await.unwrap().get(0);
+        assert_eq!(n, 1, "answered single put {i} is stored");
     }
 }
 
@@ -417,4 +436,42 @@ async fn the_read_budget_is_the_calls_not_each_operations() {
     // A call of its own gets the whole budget again.
     let alone = kv(&b, json!([{"op": "getPrefix", "ns": "n", "prefix": "k"}])).await;
     assert_eq!(alone["results"][0]["rows"].as_array().unwrap().len(), 2);
+}
+
+/// Concurrent single-write calls share commits (`kv::share`), each
+/// answered with its own verdict: of many concurrent `putIfAbsent` one
+/// applies, every `incr` counts, a stale `expect` among them loses alone
+/// and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_single_writes_share_commits_and_each_gets_its_own_verdict() {
+    let b = Broker::start_with(&[("QUEEN_KV_GROUP_WRITERS", "1")]).await;
+    let fenced = one(&b, json!({"op": "put", "ns": "s", "key": "fenced", "value": "kept", "forever": true})).await;
+    let fenced_version = fenced["version"].as_i64().unwrap();
+    let shared = || async { common::sample(&b.prometheus().await, "queen_kv_shared_calls_total").unwrap_or(0.0) };
+    let mut rounds = 0i64;
+    while shared().await == 0.0 {
+        assert!(rounds < 20, "twenty rounds of concurrent single writes never shared a commit");
+        let b = &b;
+        let calls = (0..30).map(|i| async move {
+            let op = match i % 3 {
+                0 => json!({"op": "putIfAbsent", "ns": "s", "key": format!("leader:{rounds}"), "value": i, "forever": true}),
+                1 => json!({"op": "incr", "ns": "s", "key": format!("count:{rounds}"), "forever": true}),
+                _ => json!({"op": "put", "ns": "s", "key": "fenced", "value": i, "forever": true, "expect": fenced_version + 1000}),
+            };
+            (i, one(b, op).await)
+        });
+        let mut winners = 0;
+        for (i, r) in futures_util::future::join_all(calls).await {
+            match i % 3 {
+                0 => winners += (r["applied"] == true) as i32,
+                1 => assert_eq!(r["applied"], true, "{r}"),
+                _ => assert_eq!((r["applied"].clone(), r["reason"].clone(), r["value"].clone()), (json!(false), json!("version"), json!("kept")), "{r}"),
+            }
+        }
+        assert_eq!(winners, 1, "exactly one putIfAbsent applies");
+        assert_eq!(one(&b, json!({"op": "get", "ns": "s", "key": format!("count:{rounds}")})).await["value"], 10);
+        rounds += 1;
+    }
+    let kept = one(&b, json!({"op": "get", "ns": "s", "key": "fenced"})).await;
+    assert_eq!((kept["value"].clone(), kept["version"].clone()), (json!("kept"), json!(fenced_version)));
 }

@@ -11,7 +11,6 @@ use serde_json::{json, Value};
 
 use super::query::Params;
 use super::AppState;
-use crate::db::DbError;
 use crate::kv::{self, KvError, Op};
 
 pub(super) fn envelope(status: StatusCode, error: &str, reason: &str, detail: &str) -> Response {
@@ -31,7 +30,7 @@ fn refused(e: KvError) -> Response {
 }
 
 /// A database failure: the client may retry.
-pub(super) fn unavailable(e: DbError) -> Response {
+pub(super) fn unavailable(e: impl std::fmt::Display) -> Response {
     tracing::warn!(error = %e, "kv call failed");
     envelope(StatusCode::SERVICE_UNAVAILABLE, "kv_unavailable", "database", &e.to_string())
 }
@@ -58,7 +57,7 @@ async fn body(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> 
 }
 
 async fn call(state: &AppState, ops: &[Op]) -> Response {
-    match kv::run_call(&state.pool, ops, &state.config.kv.limits).await {
+    match state.kv.call(ops).await {
         Ok(kv::Outcome { results, failed: None }) => Json(json!({"success": true, "results": results})).into_response(),
         Ok(kv::Outcome { results, failed: Some(i) }) => {
             let lost = &results[i];
@@ -90,7 +89,7 @@ pub async fn batch(State(state): State<AppState>, headers: HeaderMap, raw: axum:
 async fn single(state: &AppState, op: Value) -> Result<Value, Response> {
     let ops = kv::parse(&json!([op]), "operations", &state.config.kv.limits).map_err(refused)?;
     kv::refuse_reserved(&ops, "operations").map_err(refused)?;
-    let mut outcome = kv::run_call(&state.pool, &ops, &state.config.kv.limits).await.map_err(unavailable)?;
+    let mut outcome = state.kv.call(&ops).await.map_err(unavailable)?;
     // A per-key route answers its one row; a batch position means nothing there.
     let mut result = outcome.results.remove(0);
     if let Some(m) = result.as_object_mut() {

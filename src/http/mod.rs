@@ -56,6 +56,8 @@ pub struct AppState {
     pub push_maintenance: Arc<std::sync::atomic::AtomicBool>,
     pub inflight: Arc<limits::InFlight>,
     pub traces: crate::reads::traces::TraceWriter,
+    /// KV calls, single writes in shared commits.
+    pub kv: crate::kv::KvWriter,
     /// The switches every broker honours (the KV, timers and ephemeral kill
     /// switches).
     pub switches: Arc<crate::admin::switches::Switches>,

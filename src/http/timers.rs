@@ -90,7 +90,7 @@ pub async fn cancel(State(state): State<AppState>, Path((queue, key)): Path<(Str
     };
     let client = match state.pool.get().await {
         Ok(c) => c,
-        Err(e) => return unavailable(e.into()),
+        Err(e) => return unavailable(crate::db::DbError::from(e)),
     };
     match timers::run(&client, &[TimerOp::Cancel { queue, key, txn }], None, state.coalescer.encryption()).await {
         Ok(mut results) => Json(results.remove(0)).into_response(),

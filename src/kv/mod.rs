@@ -15,6 +15,7 @@
 //! transaction route can validate its riders before it opens a transaction.
 
 pub mod ops;
+pub mod share;
 pub mod supervision;
 
 use deadpool_postgres::Pool;
@@ -23,6 +24,7 @@ use deadpool_postgres::GenericClient;
 
 use crate::json::iso_ms;
 use crate::db::DbError;
+pub use share::KvWriter;
 pub use ops::{parse, refuse_reserved, KvError, KvLimits, Op, LOCKS_NAMESPACE};
 
 /// The answer of a call.

@@ -49,6 +49,15 @@ impl Op {
         }
     }
 
+    /// The one key a single-key operation touches ("" for the reads of
+    /// several).
+    pub fn key_str(&self) -> &str {
+        match self {
+            Op::Get { key, .. } | Op::Put { key, .. } | Op::Delete { key, .. } | Op::Check { key, .. } | Op::Incr { key, .. } => key,
+            Op::GetMany { .. } | Op::GetPrefix { .. } => "",
+        }
+    }
+
     pub fn key(&self) -> Value {
         match self {
             Op::Get { key, .. } | Op::Put { key, .. } | Op::Delete { key, .. } | Op::Check { key, .. } | Op::Incr { key, .. } => {

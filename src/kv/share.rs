@@ -1,0 +1,110 @@
+//! Shared commits for single KV writes: concurrent one-operation calls (a
+//! `put`, `delete` or `incr` per request, what a service writing one key per
+//! call sends) go to PostgreSQL in one transaction.
+//!
+//! Each such call is one statement whose verdict is computed under the
+//! row's lock (`queen.kv_put_v1` and friends), and a lost verdict writes
+//! nothing, so calls can sit side by side in one transaction without
+//! savepoints: the writer sends them pipelined (one round trip), in (ns,
+//! key) order so that two shared writes lock their rows in the same order
+//! and cannot deadlock each other, then COMMITs, then answers each call with
+//! its own result. If the write fails for any reason but an outage, each
+//! call is run again alone, so a call PostgreSQL refuses fails only itself;
+//! an outage fails them all with the same error. Reads, multi-operation
+//! calls and the transaction route's riders run as before.
+//!
+//! The queueing is `db::share`'s, at most `QUEEN_KV_GROUP_WRITERS` writes in
+//! flight, no timer: a lone put commits at once.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use tokio::sync::oneshot;
+
+use super::{run, run_call, KvLimits, Op, Outcome};
+use crate::db::share::{Share, Shared};
+use crate::db::DbError;
+
+/// Most calls one shared write carries.
+const MAX_CALLS: usize = 1_000;
+
+type Reply = oneshot::Sender<Result<Outcome, Arc<DbError>>>;
+
+/// One single-write call waiting for a shared write.
+pub struct Call {
+    op: Op,
+    reply: Reply,
+}
+
+impl Shared for Call {
+    fn weight(&self) -> usize {
+        1
+    }
+}
+
+/// Runs KV calls, single writes in shared commits. Cheap to clone.
+#[derive(Clone)]
+pub struct KvWriter {
+    pool: Pool,
+    limits: KvLimits,
+    share: Arc<Share<Call>>,
+}
+
+impl KvWriter {
+    /// `writers`: most shared writes in flight.
+    pub fn new(pool: Pool, limits: KvLimits, writers: usize) -> KvWriter {
+        KvWriter { pool, limits, share: Arc::new(Share::new(writers, MAX_CALLS)) }
+    }
+
+    /// Runs a parsed call: a single write in a commit shared with the calls
+    /// beside it, anything else on its own (`kv::run_call`).
+    pub async fn call(&self, operations: &[Op]) -> Result<Outcome, Arc<DbError>> {
+        let op = match operations {
+            [op] if op.is_write() => op.clone(),
+            _ => return run_call(&self.pool, operations, &self.limits).await.map_err(Arc::new),
+        };
+        let (reply, rx) = oneshot::channel();
+        let me = self.clone();
+        self.share.submit(Call { op, reply }, move |batch| {
+            let me = me.clone();
+            async move { me.write(batch).await }
+        });
+        rx.await.unwrap_or_else(|_| Err(Arc::new(DbError::Unexpected("the shared KV write was dropped".into()))))
+    }
+
+    async fn write(&self, mut batch: Vec<Call>) {
+        if batch.len() > 1 {
+            metrics::counter!(crate::metrics::KV_SHARED_CALLS).increment(batch.len() as u64);
+            batch.sort_by(|a, b| (a.op.ns(), a.op.key_str()).cmp(&(b.op.ns(), b.op.key_str())));
+            match self.together(&batch).await {
+                Ok(outcomes) => {
+                    for (c, o) in batch.into_iter().zip(outcomes) {
+                        let _ = c.reply.send(Ok(o));
+                    }
+                    return;
+                }
+                Err(e) if e.unavailable() || matches!(e, DbError::Pool(_)) => {
+                    let e = Arc::new(e);
+                    for c in batch {
+                        let _ = c.reply.send(Err(e.clone()));
+                    }
+                    return;
+                }
+                Err(e) => tracing::debug!(error = %e, calls = batch.len(), "a shared KV write failed; running its calls one by one"),
+            }
+        }
+        for c in batch {
+            let _ = c.reply.send(run_call(&self.pool, std::slice::from_ref(&c.op), &self.limits).await.map_err(Arc::new));
+        }
+    }
+
+    /// Every call of the batch in one transaction, pipelined, in batch order.
+    async fn together(&self, batch: &[Call]) -> Result<Vec<Outcome>, DbError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let runs = batch.iter().map(|c| run(&tx, std::slice::from_ref(&c.op), &self.limits));
+        let outcomes = futures_util::future::try_join_all(runs).await?;
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+}
