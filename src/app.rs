@@ -207,6 +207,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     } else {
         Arc::new(crate::cluster::Cluster::silent())
     };
+    let cluster_end = cluster.clone();
     let state = AppState { config: Arc::new(config), cluster, pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global(), spool,
         push_maintenance: push_maintenance.clone(),
@@ -235,6 +236,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     tracing::info!("HTTP server stopped; flushing pending writes");
     coalescer.drain(Duration::from_secs(30)).await;
     let _ = stop_services.send(());
+    cluster_end.stopped(Duration::from_secs(2)).await;
     Ok(())
 }
 

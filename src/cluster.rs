@@ -64,12 +64,32 @@ pub struct Cluster {
     /// Notified when another broker announces a change of switches or
     /// queue settings (app.rs rereads them then).
     pub reloads: Arc<tokio::sync::Notify>,
+    /// The service's task, awaited at shutdown so that its row is gone
+    /// before the process is (see [`Cluster::stopped`]).
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Cluster {
     /// A cluster end that tells nobody anything (hints switched off).
     pub fn silent() -> Cluster {
-        Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: None, reloads: Arc::new(tokio::sync::Notify::new()) }
+        Cluster {
+            instance: uuid::Uuid::now_v7().simple().to_string(),
+            hints: None,
+            reloads: Arc::new(tokio::sync::Notify::new()),
+            task: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Waits (at most `limit`) for the service to end after the shutdown
+    /// signal: it deletes this broker's row on the way out, and a process
+    /// that exits first leaves the row live for LIVE_WITHIN_SECONDS, so a
+    /// broker started right after it (a restart, a deploy) believes it has
+    /// company and sends hints nobody reads.
+    pub async fn stopped(&self, limit: Duration) {
+        let task = self.task.lock().expect("cluster task lock poisoned").take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(limit, task).await;
+        }
     }
 
     /// Notes that `count` messages were committed to a partition (cheap: a
@@ -100,10 +120,9 @@ impl Cluster {
     pub fn spawn(pg: crate::db::Target, pop: Arc<PopService>, server_id: String, shutdown: broadcast::Receiver<()>) -> Arc<Cluster> {
         let (tx, rx) = mpsc::unbounded_channel();
         let reloads = Arc::new(tokio::sync::Notify::new());
-        let cluster = Arc::new(Cluster { instance: uuid::Uuid::now_v7().simple().to_string(), hints: Some(tx), reloads: reloads.clone() });
-        let instance = cluster.instance.clone();
-        tokio::spawn(run(pg, pop, reloads, instance, server_id, rx, shutdown));
-        cluster
+        let instance = uuid::Uuid::now_v7().simple().to_string();
+        let task = tokio::spawn(run(pg, pop, reloads.clone(), instance.clone(), server_id, rx, shutdown));
+        Arc::new(Cluster { instance, hints: Some(tx), reloads, task: std::sync::Mutex::new(Some(task)) })
     }
 }
 

@@ -111,7 +111,24 @@ async fn a_broker_alone_sends_no_hints_and_starts_when_another_joins() {
         }
     }
     assert!(hinted, "a hinted nothing with b live");
-    drop(b);
+    // b stopped gracefully takes its row with it, so a is alone again at
+    // its next heartbeat (not LIVE_WITHIN_SECONDS later) and goes quiet.
+    let mut b = b;
+    assert_eq!(b.terminate().await, Some(0));
+    let sql = a.sql().await;
+    let rows: i64 = sql.query_one("SELECT count(*) FROM queen.brokers", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 1, "a stopped broker leaves no row behind");
+    tokio::time::sleep(Duration::from_millis(1500)).await; // a's next heartbeat
+    while heard.try_recv().is_ok() {}
+    for n in 1000..1020 {
+        assert_eq!(push(n).await.0, 201);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut after = Vec::new();
+    while let Ok(v) = heard.try_recv() {
+        after.push(v);
+    }
+    assert!(after.iter().all(|v| v["h"].as_array().is_none_or(Vec::is_empty)), "a hinted after b left: {after:?}");
 }
 
 #[tokio::test]
