@@ -212,7 +212,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         telemetry: crate::metrics::Telemetry::global(), spool,
         push_maintenance: push_maintenance.clone(),
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
-        traces: crate::reads::traces::TraceWriter::spawn(store.pool.clone()), switches,
+        traces: crate::reads::traces::TraceWriter::new(store.pool.clone()), switches,
         kv: crate::kv::KvWriter::new(store.pool.clone(), config_kv.limits.clone(), config_kv.writers),
         ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)) };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());

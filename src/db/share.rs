@@ -10,7 +10,10 @@
 //! COMMIT. Like the push side's group committer (`push::group`) it batches
 //! only what load produces: a lone request is written at once, and there is
 //! no timer. What a failed batch means (retry request by request, or the
-//! same outage for all) is the family's to say: `ack::share`, `kv::share`.
+//! same outage for all) is the family's to say: `ack::share`, `kv::share`,
+//! `reads::traces`. (The push side's `push::group` keeps its own queue: its
+//! writes are grouped by queue and partition, and its writers retry segment
+//! by segment.)
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};

@@ -21,10 +21,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::json::iso_ms;
+use crate::db::share::{Share, Shared};
 use crate::db::DbError;
 use crate::pop::params::QUEUE_MODE;
 use crate::push::validate::{MAX_TRANSACTION_ID_BYTES, NUL_REFUSED};
@@ -157,52 +158,47 @@ struct Pending {
     reply: oneshot::Sender<Result<(), TraceError>>,
 }
 
-/// The batching trace writer; cheap to clone.
+impl Shared for Pending {
+    fn weight(&self) -> usize {
+        1
+    }
+}
+
+/// The batching trace writer (its queue is `db::share`'s, as for acks and
+/// KV writes); cheap to clone.
 #[derive(Clone)]
 pub struct TraceWriter {
-    queue: mpsc::Sender<Pending>,
+    pool: Pool,
+    share: Arc<Share<Pending>>,
 }
 
 impl TraceWriter {
-    /// Starts the writer task; it ends when the last handle is dropped.
-    pub fn spawn(pool: Pool) -> TraceWriter {
-        let (queue, rx) = mpsc::channel(16 * MAX_BATCH);
-        tokio::spawn(run(pool, rx));
-        TraceWriter { queue }
+    pub fn new(pool: Pool) -> TraceWriter {
+        TraceWriter { pool, share: Arc::new(Share::new(WRITERS, MAX_BATCH)) }
     }
 
     /// Stores one trace; answers once its batch has committed.
     pub async fn write(&self, event: TraceEvent) -> Result<(), TraceError> {
         let (reply, answer) = oneshot::channel();
-        self.queue.send(Pending { event, reply }).await.map_err(|_| TraceError::Db("trace writer stopped".into()))?;
+        let pool = self.pool.clone();
+        self.share.submit(Pending { event, reply }, move |batch| {
+            let pool = pool.clone();
+            async move { write_and_answer(&pool, batch).await }
+        });
         answer.await.map_err(|_| TraceError::Db("trace writer stopped".into()))?
     }
 }
 
-async fn run(pool: Pool, mut rx: mpsc::Receiver<Pending>) {
-    let writers = Arc::new(Semaphore::new(WRITERS));
-    while let Some(first) = rx.recv().await {
-        let Ok(permit) = writers.clone().acquire_owned().await else { return };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let stored = write_batch(&pool, &batch).await;
-            for p in batch {
-                let r = match &stored {
-                    Ok(ids) if ids.contains(&p.event.trace_id) => Ok(()),
-                    Ok(_) => Err(TraceError::UnknownPartition(p.event.partition_id)),
-                    Err(e) => Err(e.clone()),
-                };
-                let _ = p.reply.send(r);
-            }
-            drop(permit);
-        });
+/// Writes a batch and answers each of its traces.
+async fn write_and_answer(pool: &Pool, batch: Vec<Pending>) {
+    let stored = write_batch(pool, &batch).await;
+    for p in batch {
+        let r = match &stored {
+            Ok(ids) if ids.contains(&p.event.trace_id) => Ok(()),
+            Ok(_) => Err(TraceError::UnknownPartition(p.event.partition_id)),
+            Err(e) => Err(e.clone()),
+        };
+        let _ = p.reply.send(r);
     }
 }
 
