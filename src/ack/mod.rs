@@ -194,13 +194,23 @@ impl AckService {
     ///
     /// Acks of one partition need no transaction when they come from one
     /// request (each statement is all-or-nothing for its group, and a
-    /// request's groups are independent); several requests' acks of one
-    /// partition (`together`) still take one, so that a failed shared write
-    /// applied nothing before it is retried request by request.
+    /// request's groups are independent). Several requests' acks
+    /// (`together`, `ack::share`) need none either when every item is
+    /// `completed`: their plain groups are one statement per consumer group
+    /// (atomic on its own, one commit), and should a later statement fail,
+    /// the retry of each request alone finds the committed part below the
+    /// cursor and answers it `noop`, a success. A nack among them changes
+    /// state that a retry would not find again (a released lease), so then
+    /// the shared write takes one transaction and a failure applies nothing.
     async fn ack_now(&self, items: &[AckItem], together: bool) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
         let mut client = self.pool.get().await?;
         let first = items.first().map(|i| i.partition_id.as_str());
-        if !together && items.iter().all(|i| Some(i.partition_id.as_str()) == first) {
+        let bare = if together {
+            items.iter().all(|i| i.status == AckStatus::Completed)
+        } else {
+            items.iter().all(|i| Some(i.partition_id.as_str()) == first)
+        };
+        if bare {
             return self.ack_on(&client, items, Fence::BelowCursorIsNoop).await;
         }
         let mut attempt = 1;
