@@ -74,7 +74,7 @@ pub async fn kv(url: &str, mode: KvMode, concurrency: usize, limit: Duration) {
     let (calls, ops, errors) = (calls.load(Ordering::Relaxed), ops.load(Ordering::Relaxed), errors.load(Ordering::Relaxed));
     println!("kv {mode:?}: {concurrency} clients, {secs:.1} s, {:.0} calls/s, {:.0} ops/s, {errors} errors", calls as f64 / secs, ops as f64 / secs);
     println!("{}", json!({"scenario": "kv", "mode": format!("{mode:?}").to_lowercase(), "clients": concurrency, "seconds": secs,
-                          "calls_per_s": calls as f64 / secs, "ops_per_s": ops as f64 / secs, "errors": errors}));
+                          "calls": calls, "calls_per_s": calls as f64 / secs, "ops_per_s": ops as f64 / secs, "errors": errors}));
 }
 
 /// Acquire/release cycles per second: `contenders` clients over `locks`

@@ -190,6 +190,10 @@ enum Scenario {
         /// message, awaited in turn (leased mode only)
         #[arg(long, conflicts_with = "auto_ack")]
         trace: bool,
+        /// Long-poll (`wait=true`, 1 s), as the clients' consume loops do,
+        /// instead of sleeping 5 ms after an empty answer
+        #[arg(long)]
+        wait: bool,
     },
     /// Read one partition of a pre-filled backlog by offset (`POST
     /// /api/v1/fetch`, no lease), then drain the same partition with leased
@@ -335,7 +339,7 @@ async fn main() {
                 prefill(&cli.url, &plain_queue, messages, partitions, payload_pool(100, false)).await;
                 println!("prefilled {messages} messages for the plain consume");
                 let started = Instant::now();
-                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false };
+                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false };
                 consume(&cli.url, messages, partitions, batch, 1, workers, how, limit, 100).await;
                 plain = Some(messages as f64 / started.elapsed().as_secs_f64());
             }
@@ -351,7 +355,7 @@ async fn main() {
             coordination::timers(&cli.url, count.max(1), Duration::from_secs(start), Duration::from_secs(spread), concurrency.max(1)).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace } => {
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait } => {
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
                 (true, false) => Mode::AutoAck,
@@ -361,7 +365,7 @@ async fn main() {
             if encrypted {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
-            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false, trace };
+            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false, trace, wait };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fetch { messages, max_bytes, payload_size, duration } => {
@@ -370,7 +374,7 @@ async fn main() {
             prefill(&cli.url, &queue, messages, 1, payload_pool(payload_size, false)).await;
             println!("prefilled {messages} messages into one partition in {:.1}s", filled.elapsed().as_secs_f64());
             fetch_all(&cli.url, &queue, messages, max_bytes, Duration::from_secs(duration)).await;
-            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false };
+            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false };
             consume(&cli.url, messages, 1, 500, 1, 1, how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size } => {
@@ -640,6 +644,8 @@ struct Drain {
     prefilled: bool,
     /// One trace per message before the ack.
     trace: bool,
+    /// Long-polling pops.
+    wait: bool,
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
@@ -729,7 +735,7 @@ fn count_framed(body: &[u8]) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
-    let Drain { queue, mode, encrypted, random_payload, prefilled, trace } = how;
+    let Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait } = how;
     if !prefilled {
         let filled = Instant::now();
         prefill(url, &queue, messages, partitions, payload_pool(payload_size, random_payload)).await;
@@ -745,7 +751,8 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
         tasks.push(tokio::spawn(async move {
             let auto_ack = mode != Mode::Leased;
             let frames = if mode == Mode::Frames { "&frames=true" } else { "" };
-            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}{frames}");
+            let wait = if wait { "&wait=true&timeout=1000" } else { "" };
+            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}{frames}{wait}");
             let mut first = None;
             while consumed.load(std::sync::atomic::Ordering::Relaxed) < messages && Instant::now() < deadline {
                 let Ok(r) = client.get(&pop).send().await else { continue };
@@ -800,7 +807,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
     println!("scenario  messages  partitions  batch  pop-partitions  consumers  mode     seconds  msg/s     all-served ms");
     println!("consume   {n:<9} {partitions:<11} {batch:<6} {pop_partitions:<15} {concurrency:<10} {mode:<8} {secs:<8.1} {:<9.0} {first_ms:.0}", n as f64 / secs);
     println!("{}", json!({"scenario": "consume", "messages": n, "partitions": partitions, "batch": batch, "pop_partitions": pop_partitions,
-                          "consumers": concurrency, "mode": mode, "seconds": secs, "msg_per_s": n as f64 / secs,
+                          "consumers": concurrency, "mode": mode, "wait": wait, "seconds": secs, "msg_per_s": n as f64 / secs,
                           "all_served_ms": first_ms, "encrypted": encrypted, "random_payload": random_payload}));
 }
 
