@@ -56,9 +56,15 @@ impl<R: Shared> Share<R> {
             st.writers += 1;
             let me = self.clone();
             tokio::spawn(async move {
+                // A write that panics must not take its writer slot with
+                // it: after `max_writers` such panics nothing would ever be
+                // written again. Its own requests learn of it (their reply
+                // senders drop); the next submit starts a writer for the rest.
+                let mut slot = Slot { share: me.clone(), held: true };
                 while let Some(batch) = me.next_batch() {
                     write(batch).await;
                 }
+                slot.held = false; // next_batch gave it back
             });
         }
     }
@@ -83,6 +89,23 @@ impl<R: Shared> Share<R> {
             .count()
             .max(1);
         Some(st.pending.drain(..take).collect())
+    }
+}
+
+/// A running writer's place among `max_writers`, given back if the writer
+/// ends without `next_batch` having done it (a panic).
+struct Slot<R> {
+    share: Arc<Share<R>>,
+    held: bool,
+}
+
+impl<R> Drop for Slot<R> {
+    fn drop(&mut self) {
+        if self.held {
+            if let Ok(mut st) = self.share.state.lock() {
+                st.writers -= 1;
+            }
+        }
     }
 }
 
@@ -137,5 +160,30 @@ mod tests {
         assert_eq!(got, vec![1, 2, 2, 1, 1]);
         tokio::task::yield_now().await;
         assert_eq!(share.state.lock().unwrap().writers, 0, "the writer ends when nothing is pending");
+    }
+
+    #[tokio::test]
+    async fn a_write_that_panics_gives_its_writer_slot_back() {
+        let share = Arc::new(Share::<Req>::new(1, 10));
+        // Weight 0 panics: a bug in a family's write, say.
+        let write = |batch: Vec<Req>| async move {
+            assert!(batch.iter().all(|r| r.0 > 0), "a write that panics");
+            for r in batch {
+                let _ = r.1.send(r.0);
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        share.submit(Req(0, tx), write);
+        assert!(rx.await.is_err(), "the panicked write's request learns it was dropped");
+        for _ in 0..100 {
+            if share.state.lock().unwrap().writers == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let (tx, rx) = oneshot::channel();
+        share.submit(Req(3, tx), write);
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await;
+        assert_eq!(answer.expect("a writer starts for the next request").unwrap(), 3);
     }
 }
