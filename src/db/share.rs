@@ -7,13 +7,10 @@
 //! tasks running; each task takes everything pending (up to a weight bound)
 //! and hands it to the family's write function, which applies the batch in
 //! one transaction and answers every request on its own channel after
-//! COMMIT. Like the push side's group committer (`push::group`) it batches
-//! only what load produces: a lone request is written at once, and there is
-//! no timer. What a failed batch means (retry request by request, or the
+//! COMMIT. It batches only what load produces: a lone request is written
+//! at once, and there is no timer. What a failed batch means (retry request by request, or the
 //! same outage for all) is the family's to say: `ack::share`, `kv::share`,
-//! `reads::traces`. (The push side's `push::group` keeps its own queue: its
-//! writes are grouped by queue and partition, and its writers retry segment
-//! by segment.)
+//! `reads::traces`, and the push side's group committer, `push::group`.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -33,6 +30,8 @@ struct State<R> {
 pub struct Share<R> {
     state: Mutex<State<R>>,
     max_writers: usize,
+    /// Most requests one write carries.
+    max_count: usize,
     /// Most weight one write carries; a single request heavier than this
     /// still goes (alone).
     max_weight: usize,
@@ -40,7 +39,17 @@ pub struct Share<R> {
 
 impl<R: Shared> Share<R> {
     pub fn new(max_writers: usize, max_weight: usize) -> Share<R> {
-        Share { state: Mutex::new(State { pending: Vec::new(), writers: 0 }), max_writers: max_writers.max(1), max_weight }
+        Share::bounded(max_writers, usize::MAX, max_weight)
+    }
+
+    /// With a bound on the requests of one write as well as on its weight.
+    pub fn bounded(max_writers: usize, max_count: usize, max_weight: usize) -> Share<R> {
+        Share {
+            state: Mutex::new(State { pending: Vec::new(), writers: 0 }),
+            max_writers: max_writers.max(1),
+            max_count: max_count.max(1),
+            max_weight,
+        }
     }
 
     /// Queues `request`; starts a writer running `write` when fewer than
@@ -70,8 +79,8 @@ impl<R: Shared> Share<R> {
     }
 
     /// What the next write takes: the pending requests in arrival order up
-    /// to the weight bound (at least one); `None` (and one writer fewer)
-    /// when nothing is pending.
+    /// to the count and weight bounds (at least one); `None` (and one
+    /// writer fewer) when nothing is pending.
     fn next_batch(&self) -> Option<Vec<R>> {
         let mut st = self.state.lock().expect("share lock poisoned");
         if st.pending.is_empty() {
@@ -82,6 +91,7 @@ impl<R: Shared> Share<R> {
         let take = st
             .pending
             .iter()
+            .take(self.max_count)
             .take_while(|r| {
                 weight += r.weight();
                 weight <= self.max_weight

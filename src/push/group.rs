@@ -7,7 +7,8 @@
 //! each its own call and commit, and PostgreSQL spent about as much CPU per
 //! call as on four single-row commits. So lanes do not call PostgreSQL
 //! themselves; they hand their compressed segment to this committer, which
-//! keeps at most `writers` group writes in flight. While those run, segments
+//! keeps at most `writers` group writes in flight (the queue is `db::share`'s,
+//! bounded by MAX_SEGMENTS and MAX_BYTES a write). While those run, segments
 //! of other lanes pile up, and the next group write takes them all: one call
 //! of `queen.push_segments_with_memory_v1` per queue in one transaction. Like the lanes,
 //! this batches exactly what load produces and never waits on a timer: an
@@ -18,7 +19,7 @@
 //! every segment of the group get that error (each would meet it alone).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use deadpool_postgres::{GenericClient, Pool};
@@ -26,6 +27,7 @@ use tokio::sync::oneshot;
 
 use super::dedup::{Answer, Known};
 use super::segment::{append_segment, append_with_memory, keeps_no_window, Appended, PushError, MemorySegment, PUSH_SQL, PUSH_WITH_MEMORY_SQL};
+use crate::db::share::{Share, Shared};
 use crate::db::DbError;
 
 /// Most segments one group write carries.
@@ -56,16 +58,15 @@ struct Job {
     queued: Instant,
 }
 
-#[derive(Default)]
-struct State {
-    pending: Vec<Job>,
-    writers: usize,
+impl Shared for Job {
+    fn weight(&self) -> usize {
+        self.blob.len()
+    }
 }
 
 struct Inner {
-    state: Mutex<State>,
+    share: Arc<Share<Job>>,
     pool: Pool,
-    max_writers: usize,
 }
 
 /// The group committer. Cheap to clone.
@@ -76,7 +77,7 @@ pub struct GroupCommitter {
 
 impl GroupCommitter {
     pub fn new(pool: Pool, max_writers: usize) -> GroupCommitter {
-        GroupCommitter { inner: Arc::new(Inner { state: Mutex::default(), pool, max_writers: max_writers.max(1) }) }
+        GroupCommitter { inner: Arc::new(Inner { share: Arc::new(Share::bounded(max_writers, MAX_SEGMENTS, MAX_BYTES)), pool }) }
     }
 
     /// Appends one compressed segment to (queue, partition), committed with
@@ -104,15 +105,14 @@ impl GroupCommitter {
             reply,
             queued: Instant::now(),
         };
-        {
-            let mut st = self.inner.state.lock().expect("group lock poisoned");
-            st.pending.push(job);
-            if st.writers < self.inner.max_writers {
-                st.writers += 1;
-                let inner = self.inner.clone();
-                tokio::spawn(async move { inner.run_writer().await });
-            }
-        }
+        let inner = self.inner.clone();
+        // The queue is db::share's: at most `max_writers` group writes in
+        // flight, each taking what is pending up to MAX_SEGMENTS and
+        // MAX_BYTES (a larger segment goes alone).
+        self.inner.share.submit(job, move |jobs| {
+            let inner = inner.clone();
+            async move { inner.write_group(jobs).await }
+        });
         rx.await.unwrap_or_else(|_| Err(Arc::new(PushError::Lost)))
     }
 
@@ -129,26 +129,6 @@ impl GroupCommitter {
 }
 
 impl Inner {
-    /// Writes groups until nothing is pending.
-    async fn run_writer(self: Arc<Self>) {
-        loop {
-            let jobs = {
-                let mut st = self.state.lock().expect("group lock poisoned");
-                if st.pending.is_empty() {
-                    st.writers -= 1;
-                    return;
-                }
-                let (mut n, mut bytes) = (0, 0);
-                while n < st.pending.len() && n < MAX_SEGMENTS && (n == 0 || bytes + st.pending[n].blob.len() <= MAX_BYTES) {
-                    bytes += st.pending[n].blob.len();
-                    n += 1;
-                }
-                st.pending.drain(..n).collect::<Vec<_>>()
-            };
-            self.write_group(jobs).await;
-        }
-    }
-
     async fn write_group(&self, jobs: Vec<Job>) {
         metrics::histogram!(crate::metrics::GROUP_SEGMENTS).record(jobs.len() as f64);
         for job in &jobs {
