@@ -86,7 +86,7 @@ impl AckService {
                     let _ = r.reply.send(Ok(done));
                 }
             }
-            Err(e) if e.unavailable() || matches!(e, DbError::Pool(_)) => {
+            Err(e) if e.met_by_all() => {
                 let e = Arc::new(e);
                 for r in batch {
                     let _ = r.reply.send(Err(e.clone()));

@@ -52,6 +52,15 @@ impl DbError {
             DbError::Config(_) | DbError::Schema(_) | DbError::Unexpected(_) => false,
         }
     }
+
+    /// Whether any other request would have met this error too: an outage,
+    /// or a pool with no connection to lend. A shared write (`db::share`)
+    /// that fails so answers every request with it instead of retrying
+    /// each alone, a timer tick starts over instead of isolating timers, and
+    /// a push answers it as every route does.
+    pub fn met_by_all(&self) -> bool {
+        self.unavailable() || matches!(self, DbError::Pool(_))
+    }
 }
 
 /// The PostgreSQL errors that mean "no primary here right now" rather than

@@ -62,7 +62,7 @@ impl From<&crate::push::PushError> for ApiError {
         use crate::push::PushError;
         match e {
             // An outage or a busy pool answers as on every route.
-            PushError::Db(db) if db.unavailable() || matches!(db, crate::db::DbError::Pool(_)) => ApiError::from_db(db),
+            PushError::Db(db) if db.met_by_all() => ApiError::from_db(db),
             PushError::NoKey(k) => ApiError::NoKey(k.to_string()),
             other => ApiError::Internal(format!("push failed: {other}")),
         }

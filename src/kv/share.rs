@@ -83,7 +83,7 @@ impl KvWriter {
                     }
                     return;
                 }
-                Err(e) if e.unavailable() || matches!(e, DbError::Pool(_)) => {
+                Err(e) if e.met_by_all() => {
                     let e = Arc::new(e);
                     for c in batch {
                         let _ = c.reply.send(Err(e.clone()));

@@ -190,7 +190,7 @@ async fn fire_batch(
                     fired_keys.extend(unit.iter().map(|d| d.key.clone()));
                 }
                 // The connection or the database is gone: the whole tick again.
-                Err(FireError::Db(e)) if e.unavailable() || matches!(e, DbError::Pool(_)) => return Err(e),
+                Err(FireError::Db(e)) if e.met_by_all() => return Err(e),
                 // The transaction is aborted: dropped (rolled back), written again timer by timer.
                 Err(_) if !isolate => return Ok(None),
                 Err(e) => {
