@@ -127,6 +127,9 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let listener =
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| BootError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(BootError::Serve)?;
+    let kafka_listener = crate::kafka::bind(&config.kafka, config.auth.enabled)
+        .await
+        .map_err(|source| BootError::Bind { addr: config.kafka.listen.clone(), source })?;
     let encryption = crate::crypto::Encryption::new(config.encryption.as_ref());
     // Before the first push: a broker that has not loaded which queues
     // encrypt would write their payloads in the clear (one with a key: its
@@ -219,11 +222,17 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     spawn_timer_fire(state.clone(), stop_services.subscribe());
     spawn_ephemeral_sweeper(state.ephemeral.clone(), stop_services.subscribe());
     spawn_reloader(state.clone(), encryption.clone(), stop_services.subscribe());
+    // Stops the Kafka listener when HTTP stops taking requests.
+    let (stop_kafka, _) = broadcast::channel(1);
+    if let Some(l) = kafka_listener {
+        crate::kafka::spawn(state.clone(), l, stop_kafka.clone());
+    }
     tracing::info!(%local, "listening on http://{local}");
     let signal = {
         let pop = pop.clone();
         async move {
             shutdown_signal().await;
+            let _ = stop_kafka.send(());
             // Parked long-polls answer now, so in-flight requests finish promptly.
             pop.close();
         }

@@ -238,6 +238,30 @@ pub struct Config {
     /// Ephemeral queues: the switch, the broker-wide budget, a new queue's
     /// bounds.
     pub ephemeral: crate::ephemeral::EphemeralConfig,
+    /// The Kafka wire-protocol listener (`QUEEN_KAFKA_*`, docs/KAFKA.md).
+    pub kafka: KafkaConfig,
+}
+
+/// The Kafka listener's settings (`QUEEN_KAFKA_*`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KafkaConfig {
+    pub enabled: bool,
+    /// Where it binds, and whether the operator named it: a listen address
+    /// that was set explicitly must bind or the boot fails; the default one
+    /// is skipped with a warning when another process holds it.
+    pub listen: String,
+    pub listen_explicit: bool,
+    /// `host:port` written into Metadata and FindCoordinator answers; None:
+    /// the bound address, or the host name when it binds a wildcard.
+    pub advertised: Option<String>,
+    /// Metadata and Produce create a topic (queue) they name.
+    pub auto_create: bool,
+    /// The width a topic advertises at least (its floor when it declares none).
+    pub default_partitions: i32,
+    /// Largest request frame, and the smallest ceiling any request meets.
+    pub max_frame: usize,
+    /// How long the first rebalance of an empty group waits for more members.
+    pub group_initial_delay: Duration,
 }
 
 /// KV's settings (`QUEEN_KV_*`).
@@ -561,6 +585,16 @@ impl Config {
                 },
                 idle: Duration::from_secs(env.parse(&["QUEEN_EPHEMERAL_IMPLICIT_IDLE_S"], 300u64, "seconds of at least 1", |v| *v >= 1)?),
             },
+            kafka: KafkaConfig {
+                enabled: env.boolean(&["QUEEN_KAFKA_ENABLED"], true)?,
+                listen_explicit: env.get(&["QUEEN_KAFKA_LISTEN"]).is_some(),
+                listen: env.string(&["QUEEN_KAFKA_LISTEN"], "0.0.0.0:9092"),
+                advertised: env.get(&["QUEEN_KAFKA_ADVERTISED"]).map(|(_, v)| v),
+                auto_create: env.boolean(&["QUEEN_KAFKA_AUTO_CREATE"], true)?,
+                default_partitions: env.parse(&["QUEEN_KAFKA_DEFAULT_PARTITIONS"], 8i32, "a partition count from 1 to 100000", |v| (1..=100_000).contains(v))?,
+                max_frame: env.parse(&["QUEEN_KAFKA_MAX_FRAME"], 100usize << 20, "a byte count from 65536 to 1073741824", |v| (65_536..=1 << 30).contains(v))?,
+                group_initial_delay: ms(&["QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS"], 0, 0)?,
+            },
             limits: Limits {
                 max_connections: env.parse(&["QUEEN_MAX_CONNECTIONS"], 10_000usize, "a connection count of at least 1", |v| *v >= 1)?,
                 header_timeout: ms(&["QUEEN_HEADER_TIMEOUT_MS"], 10_000, 10)?,
@@ -603,6 +637,13 @@ impl Config {
         ("QUEEN_KV_MAX_READ_BYTES", "4194304", "bytes of keys and values the reads (getMany, getPrefix) of one call answer together before they say truncated"),
         ("QUEEN_KV_PREFIX_LIMIT", "1000", "ceiling a getPrefix limit is clamped to"),
         ("QUEEN_KV_SWEEP_INTERVAL_MS", "1000", "ms between passes of the sweeper that reclaims expired keys (they are invisible from the moment they expire)"),
+        ("QUEEN_KAFKA_ENABLED", "true", "serve the Kafka wire protocol (docs/KAFKA.md) beside HTTP"),
+        ("QUEEN_KAFKA_LISTEN", "0.0.0.0:9092", "address the Kafka listener binds; when set it must bind or the boot fails, when left at the default a port another process holds is skipped with a warning"),
+        ("QUEEN_KAFKA_ADVERTISED", "", "host:port Kafka clients are told to connect to (Metadata, FindCoordinator); default: the bound address, or the host name and port when it binds a wildcard"),
+        ("QUEEN_KAFKA_AUTO_CREATE", "true", "Metadata and Produce create the topics (queues) they name"),
+        ("QUEEN_KAFKA_DEFAULT_PARTITIONS", "8", "partitions a topic advertises at least (its width never shrinks: numeric partitions above it widen it)"),
+        ("QUEEN_KAFKA_MAX_FRAME", "104857600", "largest Kafka request frame in bytes; a larger one closes the connection"),
+        ("QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS", "0", "ms the first rebalance of an empty consumer group waits for more members to join"),
         ("QUEEN_PEER_HINTS", "true", "tell the other brokers on the database which partitions this one wrote (LISTEN/NOTIFY on one connection), so their long-polls wake at once; false: they wake at their next backoff"),
         ("QUEEN_EPHEMERAL_ENABLED", "true", "serve ephemeral (in-memory) queues; false answers their routes 503 ephemeral_disabled"),
         ("QUEEN_EPHEMERAL_MAX_MB", "256", "memory all ephemeral queues together may hold (payloads plus 96 bytes a message, and their bookkeeping: about 200 bytes a partition, 130 a group, 160 a cursor a group holds); a push past it answers 503 ephemeral_memory_full"),

@@ -29,6 +29,7 @@ pub mod embedded_pg;
 pub mod ephemeral;
 pub mod http;
 pub mod json;
+pub mod kafka;
 pub mod kv;
 pub mod locks;
 pub mod log;

@@ -120,6 +120,26 @@ impl AppState {
         self.cluster.pushed(queue, partition_id, partition, count);
     }
 
+    /// Tells the pop side (and the other brokers) which partitions a push
+    /// answered just wrote to, and how many messages each: one call per
+    /// partition, however many items it had.
+    pub fn committed_results(&self, results: &[crate::push::ItemResult]) {
+        let mut counts: Vec<(&crate::push::ItemResult, u64)> = Vec::new();
+        let mut slots = crate::push::Slots::default();
+        for r in results {
+            if let crate::push::Outcome::Queued { partition_id, .. } = r.outcome {
+                let i = slots.slot(partition_id, || {
+                    counts.push((r, 0));
+                    counts.len() - 1
+                });
+                counts[i].1 += 1;
+            }
+        }
+        for (r, n) in counts {
+            self.committed_push(r.queue, r.outcome.partition_id(), r.partition, n);
+        }
+    }
+
     /// Counts the acks that took effect, per queue.
     pub fn count_acks(&self, outcomes: &[crate::ack::AckOutcome]) {
         let mut per_queue: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();

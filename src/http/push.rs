@@ -103,7 +103,7 @@ async fn push_and_answer(
     }
     match push::push_items_prepacked(&state.coalescer, items, producer, prepacked).await {
         Ok(results) => {
-            notify_consumers(state, &results);
+            state.committed_results(&results);
             if counts_only {
                 let queued = results.iter().filter(|r| matches!(r.outcome, Outcome::Queued { .. })).count();
                 let answer = serde_json::json!({"count": results.len(), "queued": queued,
@@ -146,24 +146,6 @@ fn buffered(items: &[crate::push::PushItem<'_>], txns: Vec<String>) -> Response 
         })
         .collect();
     (StatusCode::CREATED, Json(answer)).into_response()
-}
-
-/// Tells the pop side which partitions just received how many messages.
-fn notify_consumers(state: &AppState, results: &[ItemResult]) {
-    let mut counts: Vec<(&ItemResult, u64)> = Vec::new();
-    let mut slots = push::Slots::default();
-    for r in results {
-        if let Outcome::Queued { partition_id, .. } = r.outcome {
-            let i = slots.slot(partition_id, || {
-                counts.push((r, 0));
-                counts.len() - 1
-            });
-            counts[i].1 += 1;
-        }
-    }
-    for (r, n) in counts {
-        state.committed_push(r.queue, r.outcome.partition_id(), r.partition, n);
-    }
 }
 
 #[cfg(test)]

@@ -118,8 +118,106 @@ struct Lane {
     log_start: i64,
 }
 
-/// Reads every entry once.
+/// Where [`read_into`] puts what it reads, entry by entry: the JSON answer
+/// of `POST /api/v1/fetch` ([`JsonAnswer`]) and the Kafka listener's record
+/// batches share one reader, so both see the same records, budgets and
+/// errors.
+pub trait Sink {
+    /// An entry's records begin.
+    fn begin(&mut self, entry: &Entry);
+    /// One record of the current entry, in offset order. `payload` is the
+    /// stored JSON (opened when its queue encrypts).
+    fn record(&mut self, offset: i64, created_at: DateTime<Utc>, transaction_id: &str, payload: &[u8]);
+    /// The current entry ends: the partition's bounds, and why its records
+    /// stopped early (`None`: they did not).
+    fn end(&mut self, high_watermark: i64, log_start: i64, error: Option<&'static str>);
+}
+
+/// The JSON answer of `POST /api/v1/fetch`, written as the records come.
+pub struct JsonAnswer {
+    out: Vec<u8>,
+    entries: usize,
+    first: bool,
+    /// The last segment time written, as text: a segment's records share it.
+    ts: Option<(DateTime<Utc>, String)>,
+}
+
+impl Default for JsonAnswer {
+    fn default() -> Self {
+        let mut out = Vec::with_capacity(1024);
+        out.extend_from_slice(b"{\"entries\":[");
+        JsonAnswer { out, entries: 0, first: true, ts: None }
+    }
+}
+
+impl JsonAnswer {
+    /// The finished body.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.out.extend_from_slice(b"]}");
+        self.out
+    }
+}
+
+impl Sink for JsonAnswer {
+    fn begin(&mut self, e: &Entry) {
+        if self.entries > 0 {
+            self.out.push(b',');
+        }
+        self.entries += 1;
+        self.first = true;
+        self.out.extend_from_slice(b"{\"queue\":");
+        json_str(&mut self.out, &e.queue);
+        self.out.extend_from_slice(b",\"partition\":");
+        json_str(&mut self.out, &e.partition);
+        self.out.extend_from_slice(b",\"records\":[");
+    }
+
+    fn record(&mut self, offset: i64, created_at: DateTime<Utc>, transaction_id: &str, payload: &[u8]) {
+        let out = &mut self.out;
+        if !self.first {
+            out.push(b',');
+        }
+        self.first = false;
+        out.extend_from_slice(b"{\"offset\":");
+        crate::json::decimal(out, offset);
+        out.extend_from_slice(b",\"transactionId\":");
+        json_str(out, transaction_id);
+        out.extend_from_slice(b",\"payload\":");
+        out.extend_from_slice(payload);
+        out.extend_from_slice(b",\"ts\":\"");
+        if self.ts.as_ref().is_none_or(|(t, _)| *t != created_at) {
+            self.ts = Some((created_at, created_at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()));
+        }
+        out.extend_from_slice(self.ts.as_ref().expect("just set").1.as_bytes());
+        out.extend_from_slice(b"\"}");
+    }
+
+    fn end(&mut self, high_watermark: i64, log_start: i64, error: Option<&'static str>) {
+        let out = &mut self.out;
+        out.push(b']');
+        out.extend_from_slice(b",\"highWatermark\":");
+        crate::json::decimal(out, high_watermark);
+        out.extend_from_slice(b",\"logStartOffset\":");
+        crate::json::decimal(out, log_start);
+        if let Some(e) = error {
+            out.extend_from_slice(b",\"error\":");
+            json_str(out, e);
+        }
+        out.push(b'}');
+    }
+}
+
+/// Reads every entry once into a JSON answer.
 pub async fn read(pool: &Pool, ring: Option<&KeyRing>, req: &Request) -> Result<Answer, DbError> {
+    let mut sink = JsonAnswer::default();
+    let bytes = read_into(pool, ring, req, &mut sink).await?;
+    Ok(Answer { body: sink.finish(), bytes })
+}
+
+/// Reads every entry once into `sink`; answers the payload bytes read. A
+/// partition that does not exist ends with UNKNOWN_TOPIC_OR_PARTITION and
+/// bounds (0, 0).
+pub async fn read_into(pool: &Pool, ring: Option<&KeyRing>, req: &Request, sink: &mut impl Sink) -> Result<usize, DbError> {
     let client = pool.get().await?;
     let queues: Vec<&str> = req.entries.iter().map(|e| e.queue.as_str()).collect();
     let partitions: Vec<&str> = req.entries.iter().map(|e| e.partition.as_str()).collect();
@@ -144,28 +242,17 @@ pub async fn read(pool: &Pool, ring: Option<&KeyRing>, req: &Request) -> Result<
              ORDER BY base_offset LIMIT $4",
         )
         .await?;
-    let mut out = Vec::with_capacity(1024);
-    out.extend_from_slice(b"{\"entries\":[");
     let mut call_bytes = 0usize;
-    for (i, e) in req.entries.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"queue\":");
-        json_str(&mut out, &e.queue);
-        out.extend_from_slice(b",\"partition\":");
-        json_str(&mut out, &e.partition);
+    for e in &req.entries {
+        sink.begin(e);
         let Some(lane) = lanes.get(&(e.queue.clone(), e.partition.clone())) else {
-            out.extend_from_slice(b",\"records\":[]");
-            close(&mut out, 0, 0, Some(UNKNOWN_TOPIC_OR_PARTITION));
+            sink.end(0, 0, Some(UNKNOWN_TOPIC_OR_PARTITION));
             continue;
         };
         if e.offset < lane.log_start || e.offset > lane.high_watermark {
-            out.extend_from_slice(b",\"records\":[]");
-            close(&mut out, lane.high_watermark, lane.log_start, Some(OFFSET_OUT_OF_RANGE));
+            sink.end(lane.high_watermark, lane.log_start, Some(OFFSET_OUT_OF_RANGE));
             continue;
         }
-        out.extend_from_slice(b",\"records\":[");
         let (mut next, mut entry_bytes, mut first, mut error) = (e.offset, 0usize, true, None);
         'segments: while next < lane.high_watermark && entry_bytes < e.max_bytes && call_bytes < req.max_bytes {
             let rows = client.query(&stmt, &[&lane.id, &next, &lane.high_watermark, &SEGMENTS_PER_READ]).await?;
@@ -175,7 +262,6 @@ pub async fn read(pool: &Pool, ring: Option<&KeyRing>, req: &Request) -> Result<
             for row in &rows {
                 let base: i64 = row.get(0);
                 let created: DateTime<Utc> = row.get(1);
-                let ts = created.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
                 let Ok(frames) = decompress_frames(row.get::<_, &[u8]>(2), SEGMENT_LIMIT) else { break 'segments };
                 for (k, frame) in FrameReader::new(&frames).enumerate() {
                     let offset = base + k as i64;
@@ -199,49 +285,21 @@ pub async fn read(pool: &Pool, ring: Option<&KeyRing>, req: &Request) -> Result<
                     if !(fits || must_take) {
                         break 'segments;
                     }
-                    if !first {
-                        out.push(b',');
-                    }
                     first = false;
-                    out.extend_from_slice(b"{\"offset\":");
-                    crate::json::decimal(&mut out, offset);
-                    out.extend_from_slice(b",\"transactionId\":");
-                    json_str(&mut out, f.transaction_id);
-                    out.extend_from_slice(b",\"payload\":");
-                    out.extend_from_slice(&payload);
-                    out.extend_from_slice(b",\"ts\":\"");
-                    out.extend_from_slice(ts.as_bytes());
-                    out.extend_from_slice(b"\"}");
+                    sink.record(offset, created, f.transaction_id, &payload);
                     entry_bytes += payload.len();
                     call_bytes += payload.len();
                     next = offset + 1;
                 }
             }
         }
-        out.push(b']');
-        close(&mut out, lane.high_watermark, lane.log_start, error);
+        sink.end(lane.high_watermark, lane.log_start, error);
     }
-    out.extend_from_slice(b"]}");
-    Ok(Answer { body: out, bytes: call_bytes })
-}
-
-/// The entry's members after its records.
-fn close(out: &mut Vec<u8>, high_watermark: i64, log_start: i64, error: Option<&str>) {
-    out.extend_from_slice(b",\"highWatermark\":");
-    crate::json::decimal(out, high_watermark);
-    out.extend_from_slice(b",\"logStartOffset\":");
-    crate::json::decimal(out, log_start);
-    if let Some(e) = error {
-        out.extend_from_slice(b",\"error\":");
-        json_str(out, e);
-    }
-    out.push(b'}');
+    Ok(call_bytes)
 }
 
 /// Reads, and with `maxWaitMs` waits for pushes to the entries' queues
-/// until `minBytes` are there or the time is up. Woken by the queues' gates;
-/// the pop's backoff re-check is the floor, so a missed wake costs one
-/// interval.
+/// until `minBytes` are there or the time is up.
 pub async fn fetch(
     pool: &Pool,
     ring: Option<&KeyRing>,
@@ -249,6 +307,22 @@ pub async fn fetch(
     cfg: &crate::config::PopConfig,
     req: &Request,
 ) -> Result<Answer, DbError> {
+    let (sink, bytes) = fetch_into(pool, ring, gates, cfg, req, JsonAnswer::default).await?;
+    Ok(Answer { body: sink.finish(), bytes })
+}
+
+/// [`read_into`] a fresh sink from `make`, again after each wake, until
+/// `minBytes` are there or `maxWaitMs` is up. Woken by the queues' gates;
+/// the pop's backoff re-check is the floor, so a missed wake costs one
+/// interval. Answers the last sink and its payload bytes.
+pub async fn fetch_into<S: Sink>(
+    pool: &Pool,
+    ring: Option<&KeyRing>,
+    gates: &crate::pop::wake::WakeGates,
+    cfg: &crate::config::PopConfig,
+    req: &Request,
+    mut make: impl FnMut() -> S,
+) -> Result<(S, usize), DbError> {
     let deadline = tokio::time::Instant::now() + req.max_wait;
     let mut queues: Vec<&str> = req.entries.iter().map(|e| e.queue.as_str()).collect();
     queues.sort_unstable();
@@ -263,10 +337,11 @@ pub async fn fetch(
         let woken = gate.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let answer = read(pool, ring, req).await?;
+        let mut sink = make();
+        let bytes = read_into(pool, ring, req, &mut sink).await?;
         let now = tokio::time::Instant::now();
-        if answer.bytes >= req.min_bytes || now >= deadline {
-            return Ok(answer);
+        if bytes >= req.min_bytes || now >= deadline {
+            return Ok((sink, bytes));
         }
         let pause = crate::pop::wake::backoff_interval(attempt, cfg).min(deadline - now);
         tokio::select! {

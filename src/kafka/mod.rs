@@ -1,0 +1,292 @@
+//! The Kafka wire-protocol listener (docs/KAFKA.md): Kafka's own clients
+//! produce to and consume from Queen queues on a second port of the same
+//! process.
+//!
+//! It is shaped as a translation layer and nothing more. A topic is a queue,
+//! a Kafka partition `n` is the Queen partition named `"n"`, an offset is the
+//! log offset, a consumer group's committed offsets are its Queen cursors.
+//! Produce goes through the push path (`push::push_items`, so the
+//! coalescer, the group commit and the wake of long-polls are the HTTP
+//! push's), Fetch through the reads by offset (`reads::fetch::fetch_into`),
+//! commits through one SQL statement on `queen.consumers`. What only Kafka
+//! has, the classic group membership protocol, lives in [`groups`], in
+//! memory, as Kafka's own group coordinator keeps it.
+//!
+//! One task per connection reads a frame, answers it, and reads the next:
+//! Kafka clients pipeline requests and expect the answers in order, so a
+//! connection is served in order. Request and response schemas are the
+//! `kafka-protocol` crate's; record batches are [`batch`]'s.
+
+pub mod batch;
+mod conn;
+mod fetch;
+pub mod groups;
+mod offsets;
+mod produce;
+pub mod records;
+mod topics;
+mod versions;
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, Semaphore};
+
+use crate::config::KafkaConfig;
+use crate::http::AppState;
+
+/// Most Kafka connections served at once; one more waits for a slot.
+const MAX_CONNECTIONS: usize = 10_000;
+
+/// What every connection shares: the broker's state, this node's advertised
+/// address, and the group coordinator.
+pub struct Kafka {
+    pub state: AppState,
+    pub config: KafkaConfig,
+    /// The address clients are told to connect to.
+    pub host: String,
+    pub port: i32,
+    pub groups: Arc<groups::Coordinator>,
+}
+
+/// Binds the listener the configuration names. `Ok(None)`: the listener is
+/// off, or its default address is held by another process (a second broker
+/// on one machine), which is logged and skipped; an address the operator
+/// set must bind.
+pub async fn bind(cfg: &KafkaConfig, jwt: bool) -> Result<Option<TcpListener>, std::io::Error> {
+    if !cfg.enabled {
+        return Ok(None);
+    }
+    if jwt {
+        tracing::warn!("JWT_ENABLED is on and the Kafka listener has no SASL yet: it is not started (docs/KAFKA.md)");
+        return Ok(None);
+    }
+    match TcpListener::bind(&cfg.listen).await {
+        Ok(l) => Ok(Some(l)),
+        Err(e) if !cfg.listen_explicit && e.kind() == std::io::ErrorKind::AddrInUse => {
+            tracing::warn!(addr = %cfg.listen, "the Kafka port is taken; the Kafka listener is off (set QUEEN_KAFKA_LISTEN to choose another)");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The `host:port` to advertise for a listener bound at `local`.
+fn advertised(cfg: &KafkaConfig, local: std::net::SocketAddr) -> (String, i32) {
+    if let Some(a) = &cfg.advertised {
+        if let Some((h, p)) = a.rsplit_once(':') {
+            if let Ok(p) = p.parse::<u16>() {
+                return (h.trim_matches(['[', ']']).to_string(), i32::from(p));
+            }
+        }
+        return (a.clone(), i32::from(local.port()));
+    }
+    let host = if local.ip().is_unspecified() { hostname() } else { local.ip().to_string() };
+    (host, i32::from(local.port()))
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into buf.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let name = if rc == 0 { buf.split(|b| *b == 0).next().map(|s| String::from_utf8_lossy(s).into_owned()) } else { None };
+    name.filter(|n| !n.is_empty()).unwrap_or_else(|| "localhost".into())
+}
+
+/// Serves the listener until `shutdown`: each connection in its own task,
+/// at most [`MAX_CONNECTIONS`] at once.
+pub fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender<()>) {
+    let cfg = state.config.kafka.clone();
+    let Ok(local) = listener.local_addr() else { return };
+    let (host, port) = advertised(&cfg, local);
+    tracing::info!(%local, advertised = %format!("{host}:{port}"), "kafka listening on {local}");
+    let groups = groups::Coordinator::new(cfg.group_initial_delay);
+    groups.spawn_expiry(shutdown.subscribe());
+    let kafka = Arc::new(Kafka { state, config: cfg, host, port, groups });
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut stop = shutdown.subscribe();
+    tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+                _ = stop.recv() => return,
+            };
+            let (stream, peer) = tokio::select! {
+                a = listener.accept() => match a {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kafka accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = stop.recv() => return,
+            };
+            let _ = stream.set_nodelay(true);
+            let kafka = kafka.clone();
+            let stop = shutdown.subscribe();
+            tokio::spawn(async move {
+                conn::serve(kafka, stream, peer, stop).await;
+                drop(permit);
+            });
+        }
+    });
+}
+
+/// Answers one checked request (`conn::handle` checked its key and version).
+async fn dispatch(kafka: &Kafka, req: &conn::Request) -> conn::Reply {
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::StrBytes;
+    macro_rules! decode {
+        ($t:ty) => {
+            match req.decode::<$t>() {
+                Ok(r) => r,
+                Err(reply) => return reply,
+            }
+        };
+    }
+    match req.key {
+        ApiKey::ApiVersions => req.answer(&versions::answer(versions::NONE)),
+        ApiKey::Metadata => {
+            let r = decode!(MetadataRequest);
+            req.answer(&topics::metadata(kafka, &r, req.version).await)
+        }
+        ApiKey::Produce => {
+            let r = decode!(ProduceRequest);
+            match produce::produce(kafka, &r).await {
+                Some(answer) => req.answer(&answer),
+                None => conn::Reply::Nothing,
+            }
+        }
+        ApiKey::Fetch => {
+            let r = decode!(FetchRequest);
+            req.answer(&fetch::fetch(kafka, &r, req.version).await)
+        }
+        ApiKey::ListOffsets => {
+            let r = decode!(ListOffsetsRequest);
+            req.answer(&topics::list_offsets(kafka, &r).await)
+        }
+        ApiKey::FindCoordinator => {
+            let r = decode!(FindCoordinatorRequest);
+            let mut a = FindCoordinatorResponse::default();
+            let host = StrBytes::from_string(kafka.host.clone());
+            if req.version >= 4 {
+                a.coordinators = r
+                    .coordinator_keys
+                    .iter()
+                    .map(|k| {
+                        let mut c = find_coordinator_response::Coordinator::default();
+                        c.key = k.clone();
+                        c.node_id = BrokerId(topics::NODE);
+                        c.host = host.clone();
+                        c.port = kafka.port;
+                        c
+                    })
+                    .collect();
+            } else {
+                a.node_id = BrokerId(topics::NODE);
+                a.host = host;
+                a.port = kafka.port;
+            }
+            req.answer(&a)
+        }
+        ApiKey::JoinGroup => {
+            let r = decode!(JoinGroupRequest);
+            let ms = |v: i32| std::time::Duration::from_millis(v.max(0) as u64);
+            let joined = kafka
+                .groups
+                .join(groups::JoinRequest {
+                    group: r.group_id.0.to_string(),
+                    member_id: r.member_id.to_string(),
+                    instance_id: r.group_instance_id.as_ref().map(|s| s.to_string()),
+                    client_id: req.header.client_id.as_ref().map_or_else(|| "consumer".to_string(), |c| c.to_string()),
+                    protocol_type: r.protocol_type.to_string(),
+                    protocols: r.protocols.iter().map(|p| (p.name.to_string(), p.metadata.clone())).collect(),
+                    session_timeout: ms(r.session_timeout_ms),
+                    // v0 has no rebalance timeout: the session's stands in.
+                    rebalance_timeout: ms(if req.version == 0 { r.session_timeout_ms } else { r.rebalance_timeout_ms }),
+                    require_known_id: req.version >= 4,
+                })
+                .await;
+            let mut a = JoinGroupResponse::default();
+            a.error_code = joined.error;
+            a.generation_id = joined.generation;
+            if req.version >= 7 {
+                a.protocol_type = joined.protocol_type.map(StrBytes::from_string);
+            }
+            a.protocol_name = joined.protocol.map(StrBytes::from_string);
+            a.leader = StrBytes::from_string(joined.leader);
+            a.member_id = StrBytes::from_string(joined.member_id);
+            a.members = joined
+                .members
+                .into_iter()
+                .map(|(id, instance, metadata)| {
+                    let mut m = join_group_response::JoinGroupResponseMember::default();
+                    m.member_id = StrBytes::from_string(id);
+                    m.group_instance_id = instance.filter(|_| req.version >= 5).map(StrBytes::from_string);
+                    m.metadata = metadata;
+                    m
+                })
+                .collect();
+            if req.version < 7 && a.protocol_name.is_none() {
+                a.protocol_name = Some(StrBytes::from_static_str(""));
+            }
+            req.answer(&a)
+        }
+        ApiKey::SyncGroup => {
+            let r = decode!(SyncGroupRequest);
+            let assignments = r.assignments.iter().map(|a| (a.member_id.to_string(), a.assignment.clone())).collect();
+            let synced = kafka
+                .groups
+                .sync(&r.group_id.0, r.generation_id, &r.member_id, assignments, std::time::Duration::from_secs(60))
+                .await;
+            let mut a = SyncGroupResponse::default();
+            a.error_code = synced.error;
+            if req.version >= 5 {
+                a.protocol_type = synced.protocol_type.map(StrBytes::from_string);
+                a.protocol_name = synced.protocol.map(StrBytes::from_string);
+            }
+            a.assignment = synced.assignment;
+            req.answer(&a)
+        }
+        ApiKey::Heartbeat => {
+            let r = decode!(HeartbeatRequest);
+            let mut a = HeartbeatResponse::default();
+            a.error_code = kafka.groups.heartbeat(&r.group_id.0, r.generation_id, &r.member_id);
+            req.answer(&a)
+        }
+        ApiKey::LeaveGroup => {
+            let r = decode!(LeaveGroupRequest);
+            let ids: Vec<String> =
+                if req.version >= 3 { r.members.iter().map(|m| m.member_id.to_string()).collect() } else { vec![r.member_id.to_string()] };
+            let codes = kafka.groups.leave(&r.group_id.0, &ids);
+            let mut a = LeaveGroupResponse::default();
+            if req.version >= 3 {
+                a.members = r
+                    .members
+                    .iter()
+                    .zip(&codes)
+                    .map(|(m, code)| {
+                        let mut out = leave_group_response::MemberResponse::default();
+                        out.member_id = m.member_id.clone();
+                        out.group_instance_id = m.group_instance_id.clone();
+                        out.error_code = *code;
+                        out
+                    })
+                    .collect();
+            } else {
+                a.error_code = codes.first().copied().unwrap_or(groups::UNKNOWN_MEMBER_ID);
+            }
+            req.answer(&a)
+        }
+        ApiKey::OffsetCommit => {
+            let r = decode!(OffsetCommitRequest);
+            req.answer(&offsets::commit(kafka, &r).await)
+        }
+        ApiKey::OffsetFetch => {
+            let r = decode!(OffsetFetchRequest);
+            req.answer(&offsets::fetch(kafka, &r).await)
+        }
+        other => conn::Reply::Close(format!("{other:?} is not served")),
+    }
+}

@@ -1,0 +1,155 @@
+//! `Produce`: the records of every partition of one request become push
+//! items of one `push::push_items` call, so they share the coalescer and
+//! the group commit with HTTP pushes, and wake long-polls the same way. The
+//! answer comes only after the commit (as HTTP's 201 does); `acks=0` gets
+//! none at all.
+//!
+//! A partition whose batch does not decode, or whose topic name is not a
+//! queue name, is refused alone; the others are written. The broker mints
+//! every record's transactionId (Kafka has no such id), so none is ever a
+//! duplicate.
+
+use std::borrow::Cow;
+
+use kafka_protocol::messages::produce_request::ProduceRequest;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, ProduceResponse, TopicProduceResponse};
+
+use super::topics::{partition_name, valid_name, INVALID_TOPIC_EXCEPTION, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION};
+use super::{batch, records, Kafka};
+use crate::push::{self, Outcome, PushItem};
+
+const CORRUPT_MESSAGE: i16 = 2;
+const INVALID_RECORD: i16 = 87;
+
+/// The stored payloads of one partition of the request, or its error.
+struct Lane {
+    topic: usize,
+    index: i32,
+    partition: String,
+    payloads: Vec<String>,
+    error: i16,
+}
+
+/// `Produce`; `None` when the request asked for no answer (`acks=0`).
+pub async fn produce(kafka: &Kafka, req: &ProduceRequest) -> Option<ProduceResponse> {
+    let mut lanes: Vec<Lane> = Vec::new();
+    for (t, topic) in req.topic_data.iter().enumerate() {
+        let name = topic.name.0.as_str();
+        for p in &topic.partition_data {
+            let mut lane = Lane { topic: t, index: p.index, partition: String::new(), payloads: Vec::new(), error: 0 };
+            match (valid_name(name), partition_name(p.index)) {
+                (false, _) => lane.error = INVALID_TOPIC_EXCEPTION,
+                (_, None) => lane.error = UNKNOWN_TOPIC_OR_PARTITION,
+                (true, Some(partition)) => {
+                    lane.partition = partition;
+                    lane.error = stored_payloads(p.records.as_deref().unwrap_or_default(), &mut lane.payloads);
+                }
+            }
+            lanes.push(lane);
+        }
+    }
+    if !kafka.config.auto_create {
+        refuse_unknown_topics(kafka, req, &mut lanes).await;
+    }
+    let items: Vec<PushItem> = lanes
+        .iter()
+        .filter(|l| l.error == 0)
+        .flat_map(|l| {
+            let queue = req.topic_data[l.topic].name.0.as_str();
+            l.payloads.iter().map(move |payload| PushItem {
+                queue: Cow::Borrowed(queue),
+                partition: Cow::Borrowed(l.partition.as_str()),
+                transaction_id: None,
+                trace_id: None,
+                payload,
+                message_id: None,
+            })
+        })
+        .collect();
+    // Each written lane's first offset, in lane order.
+    let mut firsts: Vec<Option<i64>> = vec![None; lanes.len()];
+    if !items.is_empty() {
+        let state = &kafka.state;
+        let written = if state.push_maintenance() { None } else { Some(push::push_items(&state.coalescer, &items, None).await) };
+        match written {
+            Some(Ok(results)) => {
+                state.committed_results(&results);
+                let mut at = 0;
+                for (i, l) in lanes.iter().enumerate().filter(|(_, l)| l.error == 0) {
+                    let mine = &results[at..at + l.payloads.len()];
+                    at += l.payloads.len();
+                    firsts[i] = mine.iter().filter_map(|r| if let Outcome::Queued { offset, .. } = r.outcome { Some(offset) } else { None }).min();
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "kafka produce failed; the producer retries");
+                lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR);
+            }
+            // Push maintenance: HTTP pushes go to the spool, which has no
+            // offsets to give; Kafka producers retry until it ends.
+            None => lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR),
+        }
+    }
+    if req.acks == 0 {
+        return None;
+    }
+    let mut r = ProduceResponse::default();
+    r.responses = req
+        .topic_data
+        .iter()
+        .map(|t| {
+            let mut out = TopicProduceResponse::default();
+            out.name = t.name.clone();
+            out
+        })
+        .collect();
+    for (i, l) in lanes.iter().enumerate() {
+        let mut p = PartitionProduceResponse::default();
+        p.index = l.index;
+        p.error_code = l.error;
+        p.base_offset = if l.error == 0 { firsts[i].unwrap_or(-1) } else { -1 };
+        p.log_append_time_ms = -1;
+        p.log_start_offset = -1;
+        r.responses[l.topic].partition_responses.push(p);
+    }
+    Some(r)
+}
+
+/// Decodes a partition's batches into stored payloads; answers the error
+/// code (0: every record is in `out`).
+fn stored_payloads(records: &[u8], out: &mut Vec<String>) -> i16 {
+    let batches = match batch::decode_all(records) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::debug!(error = %e, "kafka produce: a batch refused");
+            return CORRUPT_MESSAGE;
+        }
+    };
+    for b in batches.iter().filter(|b| !b.control) {
+        for r in &b.records {
+            match records::envelope(r) {
+                Ok(p) => out.push(p),
+                Err(_) => {
+                    out.clear();
+                    return INVALID_RECORD;
+                }
+            }
+        }
+    }
+    0
+}
+
+/// With auto-creation off, a topic that is not a queue yet is refused.
+async fn refuse_unknown_topics(kafka: &Kafka, req: &ProduceRequest, lanes: &mut [Lane]) {
+    let names: Vec<String> = req.topic_data.iter().map(|t| t.name.0.to_string()).collect();
+    match super::topics::widths(&kafka.state.pool, Some(&names), 1).await {
+        Ok(have) => {
+            for l in lanes.iter_mut().filter(|l| l.error == 0) {
+                if !have.iter().any(|(n, _)| *n == names[l.topic]) {
+                    l.error = UNKNOWN_TOPIC_OR_PARTITION;
+                }
+            }
+        }
+        Err(_) => lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR),
+    }
+}
