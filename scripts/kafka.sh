@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Kafka's own clients against the broker's Kafka listener (tests/kafka):
+# confluent-kafka (librdkafka) and Debian's kcat. Starts a private
+# PostgreSQL cluster; every test gets its own database and broker process.
+# Extra arguments go to pytest (e.g. -k group).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/ensure-postgres.sh
+if ! command -v kcat >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null
+    else
+        echo "kcat is needed for the Kafka client tests (apt-get install kcat)" >&2; exit 1
+    fi
+fi
+cargo build --locked --bin queen -q
+VENV=target/kafka-venv
+source scripts/lib/venv.sh
+ensure_venv "$VENV" tests/kafka/requirements.txt
+source scripts/lib/pg-cluster.sh
+start_pg_cluster 5433 "-c fsync=off -c synchronous_commit=off"
+trap stop_pg_cluster EXIT
+QUEEN_COMPAT_PG_DIR=$PG_DIR QUEEN_COMPAT_PG_PORT=$PG_PORT QUEEN_BIN=$PWD/target/debug/queen \
+    QUEEN_COMPAT_PSQL=$PG_BIN/psql "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/kafka "$@"
