@@ -59,6 +59,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(23, "0023_lock_subjects.sql"),
     migration!(24, "0024_sealed_timers.sql"),
     migration!(25, "0025_dedup_key.sql"),
+    migration!(26, "0026_kafka_topics.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -73,8 +73,7 @@ pub async fn queue_depth(State(state): State<AppState>, Path(queue): Path<String
 }
 
 pub async fn delete_queue(State(state): State<AppState>, Path(queue): Path<String>) -> Result<Response, ApiError> {
-    let answer = resources::delete_queue(&state.pool, &queue).await?;
-    state.pop.hotlist.forget(Some(&queue), None);
+    let answer = state.delete_queue(&queue).await?;
     Ok(Json(answer).into_response())
 }
 
@@ -112,8 +111,7 @@ fn delete_metadata(q: Option<String>) -> Result<bool, ApiError> {
 }
 
 pub async fn delete_group(State(state): State<AppState>, Path(group): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let (n, meta) = groups::delete(&state.pool, &group, None, delete_metadata(q)?).await?;
-    state.pop.hotlist.forget(None, Some(&group));
+    let (n, meta) = state.delete_group(&group, None, delete_metadata(q)?).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "deletedPartitions": n, "metadataDeleted": meta})).into_response())
 }
 
@@ -122,8 +120,7 @@ pub async fn delete_group_for_queue(
     Path((group, queue)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (n, meta) = groups::delete(&state.pool, &group, Some(&queue), delete_metadata(q)?).await?;
-    state.pop.hotlist.forget(Some(&queue), Some(&group));
+    let (n, meta) = state.delete_group(&group, Some(&queue), delete_metadata(q)?).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "queueName": queue, "deletedPartitions": n, "metadataDeleted": meta}))
         .into_response())
 }

@@ -174,6 +174,21 @@ fn roles_of(claims: &Value, cfg: &AuthConfig) -> HashSet<String> {
     roles
 }
 
+/// The caller a token names: verified, with the levels its roles grant and
+/// its subject (bounded: it is stamped into every frame the caller pushes);
+/// or why the token is refused. HTTP's bearer tokens and the Kafka
+/// listener's SASL PLAIN passwords both come here.
+pub fn principal(token: &str, cfg: &AuthConfig) -> Result<Principal, String> {
+    let claims = verify(token, cfg)?;
+    let roles = roles_of(&claims, cfg);
+    let granted = [Level::Public, Level::ReadOnly, Level::WriteOnly, Level::ReadWrite, Level::Admin].map(|l| allows(&roles, cfg, l));
+    let sub = claims.get("sub").and_then(Value::as_str).map(str::to_string);
+    if sub.as_ref().is_some_and(|s| s.len() > MAX_SUB_BYTES) {
+        return Err(format!("Invalid token: sub is longer than {MAX_SUB_BYTES} bytes"));
+    }
+    Ok(Principal { sub, granted })
+}
+
 /// Lets public and skipped paths through and checks the rest's token,
 /// recording the caller as a `Principal`; otherwise the 401/403 answer.
 /// Called by `http::front_door`. The error is the answer itself, built only
@@ -198,22 +213,14 @@ pub fn check(state: &AppState, req: &mut Request) -> Result<(), Response> {
     if token.is_empty() {
         return Err(deny(StatusCode::UNAUTHORIZED, "Authentication required"));
     }
-    let claims = match verify(token, cfg) {
-        Ok(c) => c,
+    let principal = match principal(token, cfg) {
+        Ok(p) => p,
         Err(reason) => return Err(deny(StatusCode::UNAUTHORIZED, &reason)),
     };
-    let roles = roles_of(&claims, cfg);
-    if !allows(&roles, cfg, need) {
+    if !principal.may(need) {
         return Err(deny(StatusCode::FORBIDDEN, "Insufficient permissions"));
     }
-    let granted = [Level::Public, Level::ReadOnly, Level::WriteOnly, Level::ReadWrite, Level::Admin].map(|l| allows(&roles, cfg, l));
-    let sub = claims.get("sub").and_then(Value::as_str).map(str::to_string);
-    // The subject is stamped into every frame this caller pushes; a frame's
-    // strings are bounded, so an over-long one is refused here, not there.
-    if sub.as_ref().is_some_and(|s| s.len() > MAX_SUB_BYTES) {
-        return Err(deny(StatusCode::UNAUTHORIZED, &format!("Invalid token: sub is longer than {MAX_SUB_BYTES} bytes")));
-    }
-    req.extensions_mut().insert(Principal { sub, granted });
+    req.extensions_mut().insert(principal);
     Ok(())
 }
 

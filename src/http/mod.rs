@@ -140,6 +140,22 @@ impl AppState {
         }
     }
 
+    /// Deletes a queue and everything under it, and forgets its hot-list
+    /// rings (`DELETE /api/v1/resources/queues/{q}`, Kafka's DeleteTopics).
+    pub async fn delete_queue(&self, queue: &str) -> Result<serde_json::Value, crate::db::DbError> {
+        let answer = crate::admin::resources::delete_queue(&self.pool, queue).await?;
+        self.pop.hotlist.forget(Some(queue), None);
+        Ok(answer)
+    }
+
+    /// Deletes a consumer group's cursors (on one queue or all) and forgets
+    /// its hot-list rings; answers (cursors deleted, metadata deleted).
+    pub async fn delete_group(&self, group: &str, queue: Option<&str>, delete_metadata: bool) -> Result<(u64, bool), crate::db::DbError> {
+        let answer = crate::admin::groups::delete(&self.pool, group, queue, delete_metadata).await?;
+        self.pop.hotlist.forget(queue, Some(group));
+        Ok(answer)
+    }
+
     /// Counts the acks that took effect, per queue.
     pub fn count_acks(&self, outcomes: &[crate::ack::AckOutcome]) {
         let mut per_queue: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();

@@ -36,6 +36,7 @@ pub struct Request {
     pub version: i16,
     pub header: RequestHeader,
     pub body: Bytes,
+    pub peer: SocketAddr,
 }
 
 impl Request {
@@ -89,7 +90,7 @@ pub async fn serve(kafka: Arc<Kafka>, stream: TcpStream, peer: SocketAddr, mut s
         if read.read_exact(&mut frame).await.is_err() {
             return;
         }
-        match handle(&kafka, Bytes::from(frame)).await {
+        match handle(&kafka, Bytes::from(frame), peer).await {
             Reply::Send(body) => {
                 let mut out = BytesMut::with_capacity(4 + body.len());
                 out.put_i32(body.len() as i32);
@@ -108,7 +109,7 @@ pub async fn serve(kafka: Arc<Kafka>, stream: TcpStream, peer: SocketAddr, mut s
 }
 
 /// Decodes the header, checks the key and version, and dispatches.
-async fn handle(kafka: &Kafka, mut frame: Bytes) -> Reply {
+async fn handle(kafka: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Reply {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -130,6 +131,6 @@ async fn handle(kafka: &Kafka, mut frame: Bytes) -> Reply {
         Ok(h) => h,
         Err(e) => return Reply::Close(format!("undecodable {key:?} v{version} header: {e:#}")),
     };
-    let req = Request { key, version, header, body: frame };
+    let req = Request { key, version, header, body: frame, peer };
     super::dispatch(kafka, &req).await
 }

@@ -96,6 +96,25 @@ impl Synced {
     }
 }
 
+/// A group as DescribeGroups shows it.
+pub struct GroupView {
+    pub state: State,
+    pub protocol_type: String,
+    pub protocol: String,
+    pub members: Vec<MemberView>,
+}
+
+/// One member of a [`GroupView`]: its metadata for the chosen protocol and
+/// its assignment.
+pub struct MemberView {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub metadata: Bytes,
+    pub assignment: Bytes,
+}
+
 /// One JoinGroup request, as the coordinator needs it.
 #[derive(Debug, Clone)]
 pub struct JoinRequest {
@@ -103,6 +122,8 @@ pub struct JoinRequest {
     pub member_id: String,
     pub instance_id: Option<String>,
     pub client_id: String,
+    /// The member's address, as DescribeGroups shows it.
+    pub client_host: String,
     pub protocol_type: String,
     pub protocols: Vec<(String, Bytes)>,
     pub session_timeout: Duration,
@@ -113,6 +134,8 @@ pub struct JoinRequest {
 
 struct Member {
     instance_id: Option<String>,
+    client_id: String,
+    client_host: String,
     protocols: Vec<(String, Bytes)>,
     session_timeout: Duration,
     rebalance_timeout: Duration,
@@ -225,6 +248,8 @@ impl Coordinator {
             let was_empty = g.members.is_empty();
             let m = g.members.entry(member_id.clone()).or_insert_with(|| Member {
                 instance_id: None,
+                client_id: String::new(),
+                client_host: String::new(),
                 protocols: Vec::new(),
                 session_timeout: req.session_timeout,
                 rebalance_timeout: req.rebalance_timeout,
@@ -236,6 +261,8 @@ impl Coordinator {
                 seq,
             });
             m.instance_id = req.instance_id.clone();
+            m.client_id = req.client_id.clone();
+            m.client_host = req.client_host.clone();
             m.protocols = req.protocols.clone();
             m.session_timeout = req.session_timeout;
             m.rebalance_timeout = req.rebalance_timeout;
@@ -439,6 +466,42 @@ impl Coordinator {
         NONE
     }
 
+    /// Every group this broker coordinates: (name, state, protocol type).
+    pub fn groups(&self) -> Vec<(String, State, String)> {
+        let groups = self.groups.lock().expect("coordinator lock");
+        groups.iter().map(|(n, g)| (n.clone(), g.state, g.protocol_type.clone().unwrap_or_default())).collect()
+    }
+
+    /// Whether `group` has members here.
+    pub fn has_members(&self, group: &str) -> bool {
+        let groups = self.groups.lock().expect("coordinator lock");
+        groups.get(group).is_some_and(|g| !g.members.is_empty())
+    }
+
+    /// A coordinated group as DescribeGroups shows it.
+    pub fn describe(&self, group: &str) -> Option<GroupView> {
+        let groups = self.groups.lock().expect("coordinator lock");
+        let g = groups.get(group)?;
+        let protocol = g.protocol.clone().unwrap_or_default();
+        Some(GroupView {
+            state: g.state,
+            protocol_type: g.protocol_type.clone().unwrap_or_default(),
+            members: g
+                .members
+                .iter()
+                .map(|(id, m)| MemberView {
+                    id: id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    metadata: m.protocols.iter().find(|(n, _)| *n == protocol).map(|(_, b)| b.clone()).unwrap_or_default(),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+            protocol,
+        })
+    }
+
     /// The state of `group` (Empty when this broker does not know it).
     pub fn state(&self, group: &str) -> (State, usize, i32) {
         let groups = self.groups.lock().expect("coordinator lock");
@@ -491,6 +554,7 @@ mod tests {
             member_id: member.into(),
             instance_id: None,
             client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
             protocol_type: "consumer".into(),
             protocols: protocols.iter().map(|p| (p.to_string(), Bytes::from(format!("meta-{p}")))).collect(),
             session_timeout: Duration::from_secs(10),

@@ -17,6 +17,7 @@
 //! connection is served in order. Request and response schemas are the
 //! `kafka-protocol` crate's; record batches are [`batch`]'s.
 
+mod admin;
 pub mod batch;
 mod conn;
 mod fetch;
@@ -200,6 +201,7 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request) -> conn::Reply {
                     member_id: r.member_id.to_string(),
                     instance_id: r.group_instance_id.as_ref().map(|s| s.to_string()),
                     client_id: req.header.client_id.as_ref().map_or_else(|| "consumer".to_string(), |c| c.to_string()),
+                    client_host: format!("/{}", req.peer.ip()),
                     protocol_type: r.protocol_type.to_string(),
                     protocols: r.protocols.iter().map(|p| (p.name.to_string(), p.metadata.clone())).collect(),
                     session_timeout: ms(r.session_timeout_ms),
@@ -286,6 +288,34 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request) -> conn::Reply {
         ApiKey::OffsetFetch => {
             let r = decode!(OffsetFetchRequest);
             req.answer(&offsets::fetch(kafka, &r).await)
+        }
+        ApiKey::CreateTopics => {
+            let r = decode!(CreateTopicsRequest);
+            req.answer(&admin::create_topics(kafka, &r, req.version).await)
+        }
+        ApiKey::DeleteTopics => {
+            let r = decode!(DeleteTopicsRequest);
+            req.answer(&admin::delete_topics(kafka, &r, req.version).await)
+        }
+        ApiKey::CreatePartitions => {
+            let r = decode!(CreatePartitionsRequest);
+            req.answer(&admin::create_partitions(kafka, &r).await)
+        }
+        ApiKey::ListGroups => {
+            let r = decode!(ListGroupsRequest);
+            req.answer(&admin::list_groups(kafka, &r).await)
+        }
+        ApiKey::DescribeGroups => {
+            let r = decode!(DescribeGroupsRequest);
+            req.answer(&admin::describe_groups(kafka, &r, req.version).await)
+        }
+        ApiKey::DeleteGroups => {
+            let r = decode!(DeleteGroupsRequest);
+            req.answer(&admin::delete_groups(kafka, &r).await)
+        }
+        ApiKey::OffsetDelete => {
+            let r = decode!(OffsetDeleteRequest);
+            req.answer(&admin::offset_delete(kafka, &r).await)
         }
         other => conn::Reply::Close(format!("{other:?} is not served")),
     }

@@ -32,20 +32,21 @@ pub fn partition_name(index: i32) -> Option<String> {
 }
 
 /// The named topics that exist (all of them for `None`), each with its
-/// width: the floor, or one past its highest numeric partition.
+/// width: its declared width (`floor` when it declared none), or one past its
+/// highest numeric partition when that is more (migrations/0026).
 pub async fn widths(pool: &Pool, names: Option<&[String]>, floor: i32) -> Result<Vec<(String, i32)>, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
-            "SELECT q.name,
-                    COALESCE(max(CASE WHEN p.name ~ '^(0|[1-9][0-9]{0,8})$' THEN p.name::int END), -1) + 1
+            "SELECT q.name, GREATEST(COALESCE((SELECT k.partitions FROM queen.kafka_topics k WHERE k.queue_id = q.id), $2),
+                    COALESCE(max(CASE WHEN p.name ~ '^(0|[1-9][0-9]{0,8})$' THEN p.name::int END), -1) + 1)
              FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
              WHERE $1::text[] IS NULL OR q.name = ANY($1)
-             GROUP BY q.name ORDER BY q.name",
-            &[&names],
+             GROUP BY q.id, q.name ORDER BY q.name",
+            &[&names, &floor],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i32>(1).max(floor))).collect())
+    Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i32>(1))).collect())
 }
 
 /// Creates the queues of `names` that do not exist yet.

@@ -1,0 +1,15 @@
+-- Kafka topics' declared widths (issue 47, docs/KAFKA.md). A Queen queue has
+-- no width: its partitions are made by the writes that name them. A Kafka
+-- client needs one, so a topic advertises the larger of its declared width
+-- (CreateTopics, raised by CreatePartitions; QUEEN_KAFKA_DEFAULT_PARTITIONS
+-- for a queue that declared none) and one past its highest numeric
+-- partition.
+--
+-- Invariant: a declared width only grows (CreatePartitions refuses a
+-- smaller or equal count), so a topic's advertised width never shrinks. The
+-- row goes with its queue.
+CREATE TABLE queen.kafka_topics (
+    queue_id    bigint PRIMARY KEY REFERENCES queen.queues (id) ON DELETE CASCADE,
+    partitions  integer NOT NULL CHECK (partitions > 0),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);

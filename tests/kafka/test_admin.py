@@ -1,0 +1,88 @@
+"""Kafka's admin API (confluent-kafka's AdminClient) on Queen: topics as
+queues, groups as Queen consumer groups."""
+
+import json
+import urllib.request
+
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from conftest import wait_for
+from test_confluent import consumer, http, produce
+
+
+def wait(futures):
+    """Each future's error code, or None when it succeeded."""
+    out = {}
+    for key, f in futures.items():
+        try:
+            f.result(timeout=30)
+            out[key] = None
+        except KafkaException as e:
+            out[key] = e.args[0].name()
+    return out
+
+
+def width(admin, topic):
+    return len(admin.list_topics(topic, timeout=10).topics[topic].partitions)
+
+
+def test_topics_are_created_widened_and_deleted_as_queues(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert wait(admin.create_topics([NewTopic("t3", 3, 1), NewTopic("__internal", 1, 1), NewTopic("t0", 0, 1)])) == {
+        "t3": None, "__internal": "TOPIC_EXCEPTION", "t0": "INVALID_PARTITIONS"}
+    assert wait(admin.create_topics([NewTopic("t3", 3, 1)])) == {"t3": "TOPIC_ALREADY_EXISTS"}
+    assert width(admin, "t3") == 3
+    status, queue = http(broker, "GET", "/api/v1/resources/queues/t3")
+    assert status == 200 and queue["name"] == "t3"
+    assert wait(admin.create_partitions([NewPartitions("t3", 5)])) == {"t3": None}
+    assert width(admin, "t3") == 5
+    assert wait(admin.create_partitions([NewPartitions("t3", 4), NewPartitions("nope", 9)])) == {
+        "t3": "INVALID_PARTITIONS", "nope": "UNKNOWN_TOPIC_OR_PART"}
+    # A numeric partition written over HTTP past the declared width widens the topic.
+    http(broker, "POST", "/api/v1/push", {"items": [{"queue": "t3", "partition": "9", "payload": 1}]})
+    assert width(admin, "t3") == 10
+    assert wait(admin.delete_topics(["t3", "nope"])) == {"t3": None, "nope": "UNKNOWN_TOPIC_OR_PART"}
+    with pytest.raises(urllib.error.HTTPError) as gone:
+        http(broker, "GET", "/api/v1/resources/queues/t3")
+    assert gone.value.code == 404
+    assert "t3" not in admin.list_topics(timeout=10).topics
+
+
+def test_groups_are_listed_described_and_deleted_with_queens_own(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    produce(broker, "work", [(p, None, b"x", []) for p in range(4)])
+    # A Queen consumer group made over HTTP...
+    status, _ = http(broker, "GET", "/api/v1/pop/queue/work?consumerGroup=http-group&batch=10&autoAck=true")
+    assert status == 200
+    # ... and a live Kafka group.
+    c = consumer(broker, "kafka-group", **{"client.id": "member-one"})
+    c.subscribe(["work"])
+    def assigned():
+        c.poll(0.2)
+        return len(c.assignment()) == 8
+
+    wait_for(assigned, 30, "an assignment")
+    c.commit(offsets=[TopicPartition("work", 0, 1)], asynchronous=False)
+    listed = admin.list_consumer_groups().result(timeout=30)
+    states = {g.group_id: g.state.name for g in listed.valid}
+    assert states.get("kafka-group") == "STABLE" and states.get("http-group") == "EMPTY"
+    described = admin.describe_consumer_groups(["kafka-group", "http-group", "nobody"])
+    live = described["kafka-group"].result(timeout=30)
+    assert live.state.name == "STABLE" and live.partition_assignor == "range"
+    [member] = live.members
+    assert member.client_id == "member-one" and member.host.endswith("127.0.0.1")
+    assert sorted(tp.partition for tp in member.assignment.topic_partitions) == list(range(8))
+    assert described["http-group"].result(timeout=30).state.name == "EMPTY"
+    assert described["nobody"].result(timeout=30).state.name == "DEAD"
+    # A group with members cannot be deleted; one without can, with its cursors.
+    assert wait(admin.delete_consumer_groups(["kafka-group", "http-group", "nobody"])) == {
+        "kafka-group": "NON_EMPTY_GROUP", "http-group": None, "nobody": "GROUP_ID_NOT_FOUND"}
+    c.close()
+    _, groups = http(broker, "GET", "/api/v1/consumer-groups")
+    assert "http-group" not in {g["name"] for g in groups}
+    # Offsets as Kafka's admin sees them: the group's cursors.
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("kafka-group", [TopicPartition("work", 0)])])
+    [tp] = offsets["kafka-group"].result(timeout=30).topic_partitions
+    assert (tp.partition, tp.offset) == (0, 1)
