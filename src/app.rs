@@ -127,7 +127,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let listener =
         tokio::net::TcpListener::bind(&addr).await.map_err(|source| BootError::Bind { addr: addr.clone(), source })?;
     let local = listener.local_addr().map_err(BootError::Serve)?;
-    let kafka_listener = crate::kafka::bind(&config.kafka, config.auth.enabled)
+    let kafka_listener = crate::kafka::bind(&config.kafka)
         .await
         .map_err(|source| BootError::Bind { addr: config.kafka.listen.clone(), source })?;
     let encryption = crate::crypto::Encryption::new(config.encryption.as_ref());

@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::broadcast;
 
+use super::sasl::{self, Session};
 use super::{versions, Kafka};
 
 /// What one request comes to.
@@ -28,6 +29,9 @@ pub enum Reply {
     Nothing,
     /// The connection is closed; the reason is logged.
     Close(String),
+    /// An answer, then the connection is closed (a failed SASL
+    /// authentication: Kafka's brokers answer it, then hang up).
+    SendThenClose(BytesMut, String),
 }
 
 /// The request as the handlers see it.
@@ -72,7 +76,7 @@ pub fn encode_answer<T: Encodable + HeaderVersion>(correlation_id: i32, version:
 pub async fn serve(kafka: Arc<Kafka>, stream: TcpStream, peer: SocketAddr, mut stop: broadcast::Receiver<()>) {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::with_capacity(64 << 10, read);
-    let max = kafka.config.max_frame;
+    let mut session = Session::new(kafka.state.config.auth.enabled);
     loop {
         let len = tokio::select! {
             n = read.read_i32() => match n {
@@ -81,8 +85,11 @@ pub async fn serve(kafka: Arc<Kafka>, stream: TcpStream, peer: SocketAddr, mut s
             },
             _ = stop.recv() => return,
         };
-        // Key, version and correlation id are 8 bytes; nothing shorter is a request.
-        if len < 8 || len as usize > max {
+        let max = if session.open() { kafka.config.max_frame } else { sasl::PRE_AUTH_FRAME };
+        // Key, version and correlation id are 8 bytes; nothing shorter is a
+        // request (a bare SASL token after a v0 handshake is not one).
+        let min = if session.bare_token_next { 0 } else { 8 };
+        if len < min || len as usize > max {
             tracing::warn!(%peer, len, max, "kafka frame length refused; closing the connection");
             return;
         }
@@ -90,12 +97,25 @@ pub async fn serve(kafka: Arc<Kafka>, stream: TcpStream, peer: SocketAddr, mut s
         if read.read_exact(&mut frame).await.is_err() {
             return;
         }
-        match handle(&kafka, Bytes::from(frame), peer).await {
+        let reply = if session.bare_token_next {
+            session.bare_token_next = false;
+            // SASL v0: the token travels bare and success is an empty token back.
+            match super::authenticate(&kafka, &mut session, &frame) {
+                Ok(()) => Reply::Send(BytesMut::new()),
+                Err(why) => Reply::Close(format!("SASL authentication failed: {why}")),
+            }
+        } else {
+            handle(&kafka, Bytes::from(frame), peer, &mut session).await
+        };
+        let send = |body: &BytesMut| {
+            let mut out = BytesMut::with_capacity(4 + body.len());
+            out.put_i32(body.len() as i32);
+            out.extend_from_slice(body);
+            out
+        };
+        match reply {
             Reply::Send(body) => {
-                let mut out = BytesMut::with_capacity(4 + body.len());
-                out.put_i32(body.len() as i32);
-                out.extend_from_slice(&body);
-                if write.write_all(&out).await.is_err() {
+                if write.write_all(&send(&body)).await.is_err() {
                     return;
                 }
             }
@@ -104,12 +124,17 @@ pub async fn serve(kafka: Arc<Kafka>, stream: TcpStream, peer: SocketAddr, mut s
                 tracing::warn!(%peer, "kafka request refused ({reason}); closing the connection");
                 return;
             }
+            Reply::SendThenClose(body, reason) => {
+                let _ = write.write_all(&send(&body)).await;
+                tracing::warn!(%peer, "kafka connection closed ({reason})");
+                return;
+            }
         }
     }
 }
 
 /// Decodes the header, checks the key and version, and dispatches.
-async fn handle(kafka: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Reply {
+async fn handle(kafka: &Kafka, mut frame: Bytes, peer: SocketAddr, session: &mut Session) -> Reply {
     let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -131,6 +156,9 @@ async fn handle(kafka: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Reply {
         Ok(h) => h,
         Err(e) => return Reply::Close(format!("undecodable {key:?} v{version} header: {e:#}")),
     };
+    if !session.open() && !matches!(key, ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate) {
+        return Reply::Close(format!("{key:?} before SASL authentication"));
+    }
     let req = Request { key, version, header, body: frame, peer };
-    super::dispatch(kafka, &req).await
+    super::dispatch(kafka, &req, session).await
 }

@@ -18,6 +18,7 @@
 //! `kafka-protocol` crate's; record batches are [`batch`]'s.
 
 mod admin;
+mod authz;
 pub mod batch;
 mod conn;
 mod fetch;
@@ -25,6 +26,7 @@ pub mod groups;
 mod offsets;
 mod produce;
 pub mod records;
+pub mod sasl;
 mod topics;
 mod versions;
 
@@ -54,12 +56,8 @@ pub struct Kafka {
 /// off, or its default address is held by another process (a second broker
 /// on one machine), which is logged and skipped; an address the operator
 /// set must bind.
-pub async fn bind(cfg: &KafkaConfig, jwt: bool) -> Result<Option<TcpListener>, std::io::Error> {
+pub async fn bind(cfg: &KafkaConfig) -> Result<Option<TcpListener>, std::io::Error> {
     if !cfg.enabled {
-        return Ok(None);
-    }
-    if jwt {
-        tracing::warn!("JWT_ENABLED is on and the Kafka listener has no SASL yet: it is not started (docs/KAFKA.md)");
         return Ok(None);
     }
     match TcpListener::bind(&cfg.listen).await {
@@ -134,8 +132,17 @@ pub fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender
     });
 }
 
-/// Answers one checked request (`conn::handle` checked its key and version).
-async fn dispatch(kafka: &Kafka, req: &conn::Request) -> conn::Reply {
+/// Checks a SASL PLAIN token and records who authenticated.
+fn authenticate(kafka: &Kafka, session: &mut sasl::Session, token: &[u8]) -> Result<(), String> {
+    let password = sasl::plain_password(token)?;
+    let principal = crate::http::auth::principal(password, &kafka.state.config.auth)?;
+    session.principal = Some(principal);
+    Ok(())
+}
+
+/// Answers one checked request (`conn::handle` checked its key and version,
+/// and that the session may send it).
+async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Session) -> conn::Reply {
     use kafka_protocol::messages::*;
     use kafka_protocol::protocol::StrBytes;
     macro_rules! decode {
@@ -146,15 +153,57 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request) -> conn::Reply {
             }
         };
     }
+    if !session.may(authz::need(req.key)) {
+        return authz::denied(req);
+    }
     match req.key {
         ApiKey::ApiVersions => req.answer(&versions::answer(versions::NONE)),
+        ApiKey::SaslHandshake => {
+            let r = decode!(SaslHandshakeRequest);
+            let mut a = SaslHandshakeResponse::default();
+            if !session.required {
+                // No SASL on this broker (JWT is off): nothing to agree on.
+                a.error_code = sasl::UNSUPPORTED_SASL_MECHANISM;
+            } else if session.handshaken {
+                a.error_code = sasl::ILLEGAL_SASL_STATE;
+            } else if r.mechanism.as_str() != "PLAIN" {
+                a.error_code = sasl::UNSUPPORTED_SASL_MECHANISM;
+                a.mechanisms = vec![StrBytes::from_static_str("PLAIN")];
+            } else {
+                session.handshaken = true;
+                session.bare_token_next = req.version == 0;
+                a.mechanisms = vec![StrBytes::from_static_str("PLAIN")];
+            }
+            req.answer(&a)
+        }
+        ApiKey::SaslAuthenticate => {
+            let r = decode!(SaslAuthenticateRequest);
+            let mut a = SaslAuthenticateResponse::default();
+            if !session.handshaken || session.principal.is_some() {
+                a.error_code = sasl::ILLEGAL_SASL_STATE;
+                a.error_message = Some(StrBytes::from_static_str("SaslAuthenticate comes once, after a PLAIN SaslHandshake"));
+                return req.answer(&a);
+            }
+            match authenticate(kafka, session, &r.auth_bytes) {
+                Ok(()) => req.answer(&a),
+                Err(why) => {
+                    a.error_code = sasl::SASL_AUTHENTICATION_FAILED;
+                    a.error_message = Some(StrBytes::from_string(format!("Authentication failed: {why}")));
+                    match req.answer(&a) {
+                        conn::Reply::Send(body) => conn::Reply::SendThenClose(body, format!("SASL authentication failed: {why}")),
+                        other => other,
+                    }
+                }
+            }
+        }
         ApiKey::Metadata => {
             let r = decode!(MetadataRequest);
-            req.answer(&topics::metadata(kafka, &r, req.version).await)
+            let may_create = session.may(crate::http::auth::Level::WriteOnly);
+            req.answer(&topics::metadata(kafka, &r, req.version, may_create).await)
         }
         ApiKey::Produce => {
             let r = decode!(ProduceRequest);
-            match produce::produce(kafka, &r).await {
+            match produce::produce(kafka, &r, session.subject()).await {
                 Some(answer) => req.answer(&answer),
                 None => conn::Reply::Nothing,
             }

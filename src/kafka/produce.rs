@@ -31,7 +31,9 @@ struct Lane {
 }
 
 /// `Produce`; `None` when the request asked for no answer (`acks=0`).
-pub async fn produce(kafka: &Kafka, req: &ProduceRequest) -> Option<ProduceResponse> {
+/// `producer`: the authenticated subject, stamped on every message as an
+/// HTTP push stamps its JWT's.
+pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>) -> Option<ProduceResponse> {
     let mut lanes: Vec<Lane> = Vec::new();
     for (t, topic) in req.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
@@ -70,7 +72,7 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest) -> Option<ProduceRespo
     let mut firsts: Vec<Option<i64>> = vec![None; lanes.len()];
     if !items.is_empty() {
         let state = &kafka.state;
-        let written = if state.push_maintenance() { None } else { Some(push::push_items(&state.coalescer, &items, None).await) };
+        let written = if state.push_maintenance() { None } else { Some(push::push_items(&state.coalescer, &items, producer).await) };
         match written {
             Some(Ok(results)) => {
                 state.committed_results(&results);

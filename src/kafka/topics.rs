@@ -60,7 +60,7 @@ pub async fn create(pool: &Pool, names: &[String]) -> Result<(), DbError> {
 }
 
 /// `Metadata`.
-pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16) -> MetadataResponse {
+pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16, may_create: bool) -> MetadataResponse {
     let floor = kafka.config.default_partitions;
     let mut r = MetadataResponse::default();
     let mut broker = MetadataResponseBroker::default();
@@ -83,7 +83,7 @@ pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16) -> Met
         w => w,
     };
     let (valid, invalid): (Vec<String>, Vec<String>) = wanted.iter().flatten().cloned().partition(|n| valid_name(n));
-    let auto_create = kafka.config.auto_create && (version < 4 || req.allow_auto_topic_creation);
+    let auto_create = may_create && kafka.config.auto_create && (version < 4 || req.allow_auto_topic_creation);
     let mut found = widths(&kafka.state.pool, wanted.as_ref().map(|_| valid.as_slice()), floor).await;
     if auto_create {
         if let Ok(have) = &found {
