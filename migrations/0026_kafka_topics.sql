@@ -13,3 +13,8 @@ CREATE TABLE queen.kafka_topics (
     partitions  integer NOT NULL CHECK (partitions > 0),
     created_at  timestamptz NOT NULL DEFAULT now()
 );
+
+-- Idempotent producers' ids (InitProducerId, src/kafka/idempotence.rs):
+-- unique across every broker of the database and across restarts, so a
+-- producer is never mistaken for another.
+CREATE SEQUENCE queen.kafka_producer_ids AS bigint MINVALUE 0 START 0;

@@ -20,7 +20,7 @@ use crate::http::auth::Level;
 pub fn need(key: ApiKey) -> Level {
     match key {
         ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate | ApiKey::FindCoordinator => Level::Public,
-        ApiKey::Produce => Level::WriteOnly,
+        ApiKey::Produce | ApiKey::InitProducerId => Level::WriteOnly,
         ApiKey::Fetch | ApiKey::ListOffsets | ApiKey::Metadata | ApiKey::OffsetFetch | ApiKey::DescribeGroups | ApiKey::ListGroups => {
             Level::ReadOnly
         }
@@ -245,6 +245,13 @@ pub fn denied(req: &Request) -> Reply {
                 out.error_code = TOPIC;
                 a.responses.push(out);
             }
+            req.answer(&a)
+        }
+        ApiKey::InitProducerId => {
+            let mut a = InitProducerIdResponse::default();
+            a.error_code = 53; // TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Kafka's answer to a producer without write
+            a.producer_id = ProducerId(-1);
+            a.producer_epoch = -1;
             req.answer(&a)
         }
         other => Reply::Close(format!("{other:?} refused: insufficient permissions")),

@@ -23,6 +23,7 @@ pub mod batch;
 mod conn;
 mod fetch;
 pub mod groups;
+pub mod idempotence;
 mod offsets;
 mod produce;
 pub mod records;
@@ -50,6 +51,8 @@ pub struct Kafka {
     pub host: String,
     pub port: i32,
     pub groups: Arc<groups::Coordinator>,
+    /// Idempotent producers' sequence windows.
+    pub producers: idempotence::Producers,
 }
 
 /// Binds the listener the configuration names. `Ok(None)`: the listener is
@@ -101,7 +104,7 @@ pub fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender
     tracing::info!(%local, advertised = %format!("{host}:{port}"), "kafka listening on {local}");
     let groups = groups::Coordinator::new(cfg.group_initial_delay);
     groups.spawn_expiry(shutdown.subscribe());
-    let kafka = Arc::new(Kafka { state, config: cfg, host, port, groups });
+    let kafka = Arc::new(Kafka { state, config: cfg, host, port, groups, producers: Default::default() });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut stop = shutdown.subscribe();
     tokio::spawn(async move {
@@ -130,6 +133,15 @@ pub fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender
             });
         }
     });
+}
+
+const INVALID_REQUEST: i16 = 42;
+const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+
+/// A producer id no broker of this database handed out before.
+async fn next_producer_id(pool: &deadpool_postgres::Pool) -> Result<i64, crate::db::DbError> {
+    let client = pool.get().await?;
+    Ok(client.query_one("SELECT nextval('queen.kafka_producer_ids')", &[]).await?.get(0))
 }
 
 /// Checks a SASL PLAIN token and records who authenticated.
@@ -337,6 +349,33 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::OffsetFetch => {
             let r = decode!(OffsetFetchRequest);
             req.answer(&offsets::fetch(kafka, &r).await)
+        }
+        ApiKey::InitProducerId => {
+            let r = decode!(InitProducerIdRequest);
+            let mut a = InitProducerIdResponse::default();
+            a.producer_id = ProducerId(-1);
+            a.producer_epoch = -1;
+            if r.transactional_id.is_some() {
+                // Transactions are issue 48: a transactional producer is told now, not mid-transaction.
+                a.error_code = INVALID_REQUEST;
+            } else if r.producer_id.0 >= 0 && r.producer_epoch >= 0 && r.producer_epoch < i16::MAX {
+                // KIP-360: the same id under the next epoch, its windows reset.
+                kafka.producers.forget(r.producer_id.0);
+                a.producer_id = r.producer_id;
+                a.producer_epoch = r.producer_epoch + 1;
+            } else {
+                match next_producer_id(&kafka.state.pool).await {
+                    Ok(id) => {
+                        a.producer_id = ProducerId(id);
+                        a.producer_epoch = 0;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kafka init producer id failed");
+                        a.error_code = COORDINATOR_NOT_AVAILABLE;
+                    }
+                }
+            }
+            req.answer(&a)
         }
         ApiKey::CreateTopics => {
             let r = decode!(CreateTopicsRequest);

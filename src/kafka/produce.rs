@@ -15,6 +15,7 @@ use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, ProduceResponse, TopicProduceResponse};
 
 use super::topics::{partition_name, valid_name, INVALID_TOPIC_EXCEPTION, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION};
+use super::idempotence::{Sequenced, Verdict};
 use super::{batch, records, Kafka};
 use crate::push::{self, Outcome, PushItem};
 
@@ -28,6 +29,10 @@ struct Lane {
     partition: String,
     payloads: Vec<String>,
     error: i16,
+    /// An idempotent producer's batch: its sequence window decides.
+    sequenced: Option<Sequenced>,
+    /// Already written: its first offset.
+    duplicate: Option<i64>,
 }
 
 /// `Produce`; `None` when the request asked for no answer (`acks=0`).
@@ -38,13 +43,24 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
     for (t, topic) in req.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
         for p in &topic.partition_data {
-            let mut lane = Lane { topic: t, index: p.index, partition: String::new(), payloads: Vec::new(), error: 0 };
+            let mut lane =
+                Lane { topic: t, index: p.index, partition: String::new(), payloads: Vec::new(), error: 0, sequenced: None, duplicate: None };
             match (valid_name(name), partition_name(p.index)) {
                 (false, _) => lane.error = INVALID_TOPIC_EXCEPTION,
                 (_, None) => lane.error = UNKNOWN_TOPIC_OR_PARTITION,
                 (true, Some(partition)) => {
                     lane.partition = partition;
-                    lane.error = stored_payloads(p.records.as_deref().unwrap_or_default(), &mut lane.payloads);
+                    (lane.error, lane.sequenced) = stored_payloads(p.records.as_deref().unwrap_or_default(), &mut lane.payloads);
+                    if let (0, Some(seq)) = (lane.error, lane.sequenced) {
+                        match kafka.producers.check(name, p.index, seq) {
+                            Verdict::Write => {}
+                            Verdict::Duplicate(offset) => {
+                                lane.duplicate = Some(offset);
+                                lane.payloads.clear();
+                            }
+                            Verdict::Refuse(code) => lane.error = code,
+                        }
+                    }
                 }
             }
             lanes.push(lane);
@@ -55,7 +71,7 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
     }
     let items: Vec<PushItem> = lanes
         .iter()
-        .filter(|l| l.error == 0)
+        .filter(|l| l.error == 0 && l.duplicate.is_none())
         .flat_map(|l| {
             let queue = req.topic_data[l.topic].name.0.as_str();
             l.payloads.iter().map(move |payload| PushItem {
@@ -77,19 +93,22 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
             Some(Ok(results)) => {
                 state.committed_results(&results);
                 let mut at = 0;
-                for (i, l) in lanes.iter().enumerate().filter(|(_, l)| l.error == 0) {
+                for (i, l) in lanes.iter().enumerate().filter(|(_, l)| l.error == 0 && l.duplicate.is_none()) {
                     let mine = &results[at..at + l.payloads.len()];
                     at += l.payloads.len();
                     firsts[i] = mine.iter().filter_map(|r| if let Outcome::Queued { offset, .. } = r.outcome { Some(offset) } else { None }).min();
+                    if let (Some(seq), Some(first)) = (l.sequenced, firsts[i]) {
+                        kafka.producers.written(&req.topic_data[l.topic].name.0, l.index, seq, first);
+                    }
                 }
             }
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "kafka produce failed; the producer retries");
-                lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR);
+                lanes.iter_mut().filter(|l| l.error == 0 && l.duplicate.is_none()).for_each(|l| l.error = KAFKA_STORAGE_ERROR);
             }
             // Push maintenance: HTTP pushes go to the spool, which has no
             // offsets to give; Kafka producers retry until it ends.
-            None => lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR),
+            None => lanes.iter_mut().filter(|l| l.error == 0 && l.duplicate.is_none()).for_each(|l| l.error = KAFKA_STORAGE_ERROR),
         }
     }
     if req.acks == 0 {
@@ -109,7 +128,11 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
         let mut p = PartitionProduceResponse::default();
         p.index = l.index;
         p.error_code = l.error;
-        p.base_offset = if l.error == 0 { firsts[i].unwrap_or(-1) } else { -1 };
+        p.base_offset = match (l.error, l.duplicate) {
+            (0, Some(offset)) => offset,
+            (0, None) => firsts[i].unwrap_or(-1),
+            _ => -1,
+        };
         p.log_append_time_ms = -1;
         p.log_start_offset = -1;
         r.responses[l.topic].partition_responses.push(p);
@@ -118,14 +141,27 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
 }
 
 /// Decodes a partition's batches into stored payloads; answers the error
-/// code (0: every record is in `out`).
-fn stored_payloads(records: &[u8], out: &mut Vec<String>) -> i16 {
+/// code (0: every record is in `out`) and, for an idempotent producer's
+/// batch, its sequence fields.
+fn stored_payloads(records: &[u8], out: &mut Vec<String>) -> (i16, Option<Sequenced>) {
     let batches = match batch::decode_all(records) {
         Ok(b) => b,
         Err(e) => {
             tracing::debug!(error = %e, "kafka produce: a batch refused");
-            return CORRUPT_MESSAGE;
+            return (CORRUPT_MESSAGE, None);
         }
+    };
+    if batches.iter().any(|b| b.transactional) {
+        // No transaction coordinator yet (issue 48): InitProducerId refuses
+        // transactional ids, so such a batch is a client out of step.
+        return (INVALID_RECORD, None);
+    }
+    // An idempotent producer sends one batch per partition and request.
+    let sequenced = match batches.as_slice() {
+        [b] if b.producer_id >= 0 && b.base_sequence >= 0 => {
+            Some(Sequenced { producer_id: b.producer_id, epoch: b.producer_epoch, first: b.base_sequence, count: b.records.len() as i32 })
+        }
+        _ => None,
     };
     for b in batches.iter().filter(|b| !b.control) {
         for r in &b.records {
@@ -133,12 +169,12 @@ fn stored_payloads(records: &[u8], out: &mut Vec<String>) -> i16 {
                 Ok(p) => out.push(p),
                 Err(_) => {
                     out.clear();
-                    return INVALID_RECORD;
+                    return (INVALID_RECORD, None);
                 }
             }
         }
     }
-    0
+    (0, sequenced)
 }
 
 /// With auto-creation off, a topic that is not a queue yet is refused.

@@ -44,7 +44,7 @@ impl Session {
 
     /// Whether the connection's caller reaches `need` (always without SASL).
     pub fn may(&self, need: Level) -> bool {
-        !self.required || self.principal.as_ref().is_some_and(|p| p.may(need))
+        need == Level::Public || !self.required || self.principal.as_ref().is_some_and(|p| p.may(need))
     }
 
     /// The subject stamped on what this connection produces.
@@ -92,5 +92,6 @@ mod tests {
         assert!(open.open() && open.may(Level::Admin));
         let closed = Session::new(true);
         assert!(!closed.open() && !closed.may(Level::ReadOnly));
+        assert!(closed.may(Level::Public), "ApiVersions and the SASL exchange come before authentication");
     }
 }
