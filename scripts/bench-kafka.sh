@@ -7,8 +7,10 @@
 #   - the HTTP leased drain (pop 500 + ack/batch, 4 consumers) of MESSAGES;
 #   - one Kafka group member draining the MESSAGES it produced, auto commit.
 # Then the listener's idle cost: push at batch 100 with QUEEN_KAFKA_ENABLED
-# on and off. Durable private cluster, release broker, localhost only.
+# off and on, alternating. CASES="clients idle" picks the parts. Durable
+# private cluster, release broker, localhost only.
 ROUNDS=${ROUNDS:-3}
+CASES=${CASES:-clients idle}
 MESSAGES=${MESSAGES:-500000}
 DURATION=${DURATION:-10}
 source "$(dirname "$0")/lib/bench-cluster.sh"
@@ -19,7 +21,10 @@ KAFKA=127.0.0.1:9392
 start_kafka_broker() {
     QUEEN_KAFKA_LISTEN=$KAFKA start_broker
 }
-for round in $(seq 1 "$ROUNDS"); do
+fresh_schema() {
+    "${PSQL[@]}" -c "SET client_min_messages = warning" -c "DROP SCHEMA queen CASCADE"
+}
+[[ " $CASES " == *" clients "* ]] && for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round"
     start_kafka_broker
     ./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions 8 --concurrency 8 --duration "$DURATION" | grep '^{'
@@ -27,14 +32,14 @@ for round in $(seq 1 "$ROUNDS"); do
     ./target/release/queen-bench --url "$BROKER_URL" consume --messages "$MESSAGES" --partitions 8 --batch 500 --concurrency 4 | grep '^{'
     "$VENV/bin/python" scripts/lib/kafka-bench.py consume "$KAFKA" "k$round" "$MESSAGES" "g$round"
     stop_broker
-    "${PSQL[@]}" -c "DROP SCHEMA queen CASCADE"
+    fresh_schema
 done
-echo "== idle listener: push at batch 100 with the Kafka listener off, then on"
-for round in $(seq 1 "$ROUNDS"); do
+[[ " $CASES " == *" idle "* ]] && echo "== idle listener: push at batch 100 with the Kafka listener off, then on" && for round in $(seq 1 "$ROUNDS"); do
     for on in false true; do
         QUEEN_KAFKA_ENABLED=$on start_kafka_broker
         echo "kafka=$on $(./target/release/queen-bench --url "$BROKER_URL" push --batch 100 --partitions 8 --concurrency 8 --duration "$DURATION" | grep '^{')"
         stop_broker
-        "${PSQL[@]}" -c "DROP SCHEMA queen CASCADE"
+        fresh_schema
     done
 done
+true
