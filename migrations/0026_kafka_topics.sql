@@ -18,3 +18,15 @@ CREATE TABLE queen.kafka_topics (
 -- unique across every broker of the database and across restarts, so a
 -- producer is never mistaken for another.
 CREATE SEQUENCE queen.kafka_producer_ids AS bigint MINVALUE 0 START 0;
+
+-- The Kafka listeners of the brokers on this database (src/kafka/nodes.rs):
+-- each registers its advertised address under a node id of its own and
+-- refreshes heartbeat_at once a second; a node whose heartbeat is older
+-- than five seconds is not live. Every broker reads the same live list, so
+-- all give the same partition leaders and group coordinators.
+CREATE TABLE queen.kafka_nodes (
+    node_id       integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    host          text NOT NULL,
+    port          integer NOT NULL,
+    heartbeat_at  timestamptz NOT NULL
+);

@@ -225,7 +225,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     // Stops the Kafka listener when HTTP stops taking requests.
     let (stop_kafka, _) = broadcast::channel(1);
     if let Some(l) = kafka_listener {
-        crate::kafka::spawn(state.clone(), l, stop_kafka.clone());
+        crate::kafka::spawn(state.clone(), l, stop_kafka.clone()).await;
     }
     tracing::info!(%local, "listening on http://{local}");
     let signal = {

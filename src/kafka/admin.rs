@@ -177,7 +177,8 @@ pub async fn list_groups(kafka: &Kafka, req: &ListGroupsRequest) -> ListGroupsRe
         kafka.groups.groups().into_iter().map(|(name, state, protocol_type)| (name, state_name(state), protocol_type)).collect();
     match stored_groups(&kafka.state.pool, None).await {
         Ok(stored) => {
-            for g in stored {
+            // Each broker lists the groups it coordinates; a client asks them all.
+            for g in stored.into_iter().filter(|g| kafka.nodes.mine(&super::coordination_key(g))) {
                 if !all.iter().any(|(n, ..)| *n == g) {
                     all.push((g, "Empty", "consumer".into()));
                 }
@@ -213,6 +214,11 @@ pub async fn describe_groups(kafka: &Kafka, req: &DescribeGroupsRequest, version
     for name in names {
         let mut out = DescribedGroup::default();
         out.group_id = GroupId(text(name.clone()));
+        if !kafka.nodes.mine(&super::coordination_key(&name)) {
+            out.error_code = super::NOT_COORDINATOR;
+            r.groups.push(out);
+            continue;
+        }
         match kafka.groups.describe(&name) {
             Some(view) => {
                 out.group_state = StrBytes::from_static_str(state_name(view.state));
@@ -256,7 +262,9 @@ pub async fn delete_groups(kafka: &Kafka, req: &DeleteGroupsRequest) -> DeleteGr
     for g in &req.groups_names {
         let mut out = DeletableGroupResult::default();
         out.group_id = g.clone();
-        out.error_code = if kafka.groups.has_members(&g.0) {
+        out.error_code = if !kafka.nodes.mine(&super::coordination_key(&g.0)) {
+            super::NOT_COORDINATOR
+        } else if kafka.groups.has_members(&g.0) {
             NON_EMPTY_GROUP
         } else {
             match kafka.state.delete_group(&g.0, None, true).await {
@@ -276,6 +284,10 @@ pub async fn delete_groups(kafka: &Kafka, req: &DeleteGroupsRequest) -> DeleteGr
 pub async fn offset_delete(kafka: &Kafka, req: &OffsetDeleteRequest) -> OffsetDeleteResponse {
     let group = req.group_id.0.as_str();
     let mut r = OffsetDeleteResponse::default();
+    if !kafka.nodes.mine(&super::coordination_key(group)) {
+        r.error_code = super::NOT_COORDINATOR;
+        return r;
+    }
     let active = kafka.groups.has_members(group);
     let client = kafka.state.pool.get().await;
     for t in &req.topics {

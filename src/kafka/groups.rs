@@ -76,7 +76,7 @@ pub struct Joined {
 }
 
 impl Joined {
-    fn error(error: i16, member_id: &str) -> Joined {
+    pub fn error(error: i16, member_id: &str) -> Joined {
         Joined { error, generation: -1, protocol_type: None, protocol: None, leader: String::new(), member_id: member_id.into(), members: vec![] }
     }
 }
@@ -91,7 +91,7 @@ pub struct Synced {
 }
 
 impl Synced {
-    fn error(error: i16) -> Synced {
+    pub fn error(error: i16) -> Synced {
         Synced { error, protocol_type: None, protocol: None, assignment: Bytes::new() }
     }
 }

@@ -24,6 +24,7 @@ mod conn;
 mod fetch;
 pub mod groups;
 pub mod idempotence;
+mod nodes;
 mod offsets;
 mod produce;
 pub mod records;
@@ -47,9 +48,8 @@ const MAX_CONNECTIONS: usize = 10_000;
 pub struct Kafka {
     pub state: AppState,
     pub config: KafkaConfig,
-    /// The address clients are told to connect to.
-    pub host: String,
-    pub port: i32,
+    /// This broker's node and the other live ones.
+    pub nodes: Arc<nodes::Nodes>,
     pub groups: Arc<groups::Coordinator>,
     /// Idempotent producers' sequence windows.
     pub producers: idempotence::Producers,
@@ -97,14 +97,17 @@ fn hostname() -> String {
 
 /// Serves the listener until `shutdown`: each connection in its own task,
 /// at most [`MAX_CONNECTIONS`] at once.
-pub fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender<()>) {
+pub async fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender<()>) {
     let cfg = state.config.kafka.clone();
     let Ok(local) = listener.local_addr() else { return };
     let (host, port) = advertised(&cfg, local);
-    tracing::info!(%local, advertised = %format!("{host}:{port}"), "kafka listening on {local}");
+    let advertised = format!("{host}:{port}");
     let groups = groups::Coordinator::new(cfg.group_initial_delay);
     groups.spawn_expiry(shutdown.subscribe());
-    let kafka = Arc::new(Kafka { state, config: cfg, host, port, groups, producers: Default::default() });
+    let nodes = nodes::Nodes::alone(host, port);
+    nodes.start(state.pool.clone(), shutdown.subscribe()).await;
+    tracing::info!(%local, %advertised, node = nodes.me().id, "kafka listening on {local}");
+    let kafka = Arc::new(Kafka { state, config: cfg, nodes, groups, producers: Default::default() });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut stop = shutdown.subscribe();
     tokio::spawn(async move {
@@ -136,6 +139,12 @@ pub fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender
 }
 
 const INVALID_REQUEST: i16 = 42;
+pub const NOT_COORDINATOR: i16 = 16;
+
+/// What a group's coordinator is chosen by (`nodes::Nodes::owner`).
+pub fn coordination_key(group: &str) -> String {
+    format!("group\0{group}")
+}
 const COORDINATOR_NOT_AVAILABLE: i16 = 15;
 
 /// A producer id no broker of this database handed out before.
@@ -231,31 +240,35 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::FindCoordinator => {
             let r = decode!(FindCoordinatorRequest);
             let mut a = FindCoordinatorResponse::default();
-            let host = StrBytes::from_string(kafka.host.clone());
             if req.version >= 4 {
                 a.coordinators = r
                     .coordinator_keys
                     .iter()
                     .map(|k| {
+                        let owner = kafka.nodes.owner(&coordination_key(k));
                         let mut c = find_coordinator_response::Coordinator::default();
                         c.key = k.clone();
-                        c.node_id = BrokerId(topics::NODE);
-                        c.host = host.clone();
-                        c.port = kafka.port;
+                        c.node_id = BrokerId(owner.id);
+                        c.host = StrBytes::from_string(owner.host);
+                        c.port = owner.port;
                         c
                     })
                     .collect();
             } else {
-                a.node_id = BrokerId(topics::NODE);
-                a.host = host;
-                a.port = kafka.port;
+                let owner = kafka.nodes.owner(&coordination_key(&r.key));
+                a.node_id = BrokerId(owner.id);
+                a.host = StrBytes::from_string(owner.host);
+                a.port = owner.port;
             }
             req.answer(&a)
         }
         ApiKey::JoinGroup => {
             let r = decode!(JoinGroupRequest);
             let ms = |v: i32| std::time::Duration::from_millis(v.max(0) as u64);
-            let joined = kafka
+            let joined = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+                groups::Joined::error(NOT_COORDINATOR, &r.member_id)
+            } else {
+                kafka
                 .groups
                 .join(groups::JoinRequest {
                     group: r.group_id.0.to_string(),
@@ -270,7 +283,8 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
                     rebalance_timeout: ms(if req.version == 0 { r.session_timeout_ms } else { r.rebalance_timeout_ms }),
                     require_known_id: req.version >= 4,
                 })
-                .await;
+                .await
+            };
             let mut a = JoinGroupResponse::default();
             a.error_code = joined.error;
             a.generation_id = joined.generation;
@@ -299,10 +313,11 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::SyncGroup => {
             let r = decode!(SyncGroupRequest);
             let assignments = r.assignments.iter().map(|a| (a.member_id.to_string(), a.assignment.clone())).collect();
-            let synced = kafka
-                .groups
-                .sync(&r.group_id.0, r.generation_id, &r.member_id, assignments, std::time::Duration::from_secs(60))
-                .await;
+            let synced = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+                groups::Synced::error(NOT_COORDINATOR)
+            } else {
+                kafka.groups.sync(&r.group_id.0, r.generation_id, &r.member_id, assignments, std::time::Duration::from_secs(60)).await
+            };
             let mut a = SyncGroupResponse::default();
             a.error_code = synced.error;
             if req.version >= 5 {
@@ -315,14 +330,22 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::Heartbeat => {
             let r = decode!(HeartbeatRequest);
             let mut a = HeartbeatResponse::default();
-            a.error_code = kafka.groups.heartbeat(&r.group_id.0, r.generation_id, &r.member_id);
+            a.error_code = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+                NOT_COORDINATOR
+            } else {
+                kafka.groups.heartbeat(&r.group_id.0, r.generation_id, &r.member_id)
+            };
             req.answer(&a)
         }
         ApiKey::LeaveGroup => {
             let r = decode!(LeaveGroupRequest);
             let ids: Vec<String> =
                 if req.version >= 3 { r.members.iter().map(|m| m.member_id.to_string()).collect() } else { vec![r.member_id.to_string()] };
-            let codes = kafka.groups.leave(&r.group_id.0, &ids);
+            let codes = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+                vec![NOT_COORDINATOR; ids.len()]
+            } else {
+                kafka.groups.leave(&r.group_id.0, &ids)
+            };
             let mut a = LeaveGroupResponse::default();
             if req.version >= 3 {
                 a.members = r

@@ -24,7 +24,14 @@ use crate::db::DbError;
 /// `OffsetCommit`.
 pub async fn commit(kafka: &Kafka, req: &OffsetCommitRequest) -> OffsetCommitResponse {
     let group = req.group_id.0.as_str();
-    let allowed = kafka.groups.commit_allowed(group, req.generation_id_or_member_epoch, req.member_id.as_str());
+    // A commit inside a generation is judged by the group's coordinator; a
+    // plain commit (generation -1, no member) can be written by any broker.
+    let inside = req.generation_id_or_member_epoch >= 0 || !req.member_id.is_empty();
+    let allowed = if inside && !kafka.nodes.mine(&super::coordination_key(group)) {
+        super::NOT_COORDINATOR
+    } else {
+        kafka.groups.commit_allowed(group, req.generation_id_or_member_epoch, req.member_id.as_str())
+    };
     let mut r = OffsetCommitResponse::default();
     // (topic index, partition index, queue, partition name, cursor)
     let mut wanted: Vec<(usize, i32, String, String, i64)> = Vec::new();

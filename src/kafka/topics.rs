@@ -17,8 +17,6 @@ use crate::db::DbError;
 pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
 pub const KAFKA_STORAGE_ERROR: i16 = 56;
-/// The one node this listener presents.
-pub const NODE: i32 = 0;
 
 /// Whether `name` can be a topic here: a valid queue name that does not
 /// claim Kafka's internal prefix.
@@ -63,17 +61,23 @@ pub async fn create(pool: &Pool, names: &[String]) -> Result<(), DbError> {
 pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16, may_create: bool) -> MetadataResponse {
     let floor = kafka.config.default_partitions;
     let mut r = MetadataResponse::default();
-    let mut broker = MetadataResponseBroker::default();
-    broker.node_id = BrokerId(NODE);
-    broker.host = StrBytes::from_string(kafka.host.clone());
-    broker.port = kafka.port;
-    r.brokers = vec![broker];
+    let live = kafka.nodes.live();
+    r.brokers = live
+        .iter()
+        .map(|n| {
+            let mut b = MetadataResponseBroker::default();
+            b.node_id = BrokerId(n.id);
+            b.host = StrBytes::from_string(n.host.clone());
+            b.port = n.port;
+            b
+        })
+        .collect();
     // Fields newer than the request's version must stay at their defaults.
     if version >= 2 {
         r.cluster_id = Some(StrBytes::from_static_str("queen"));
     }
     if version >= 1 {
-        r.controller_id = BrokerId(NODE);
+        r.controller_id = BrokerId(live.first().map_or(0, |n| n.id));
     }
     let wanted: Option<Vec<String>> =
         req.topics.as_ref().map(|ts| ts.iter().filter_map(|t| t.name.as_ref().map(|n| n.0.to_string())).collect());
@@ -102,11 +106,12 @@ pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16, may_cr
         t.error_code = error;
         t.partitions = (0..width)
             .map(|i| {
+                let leader = BrokerId(kafka.nodes.owner(&format!("{name}\0{i}")).id);
                 let mut p = MetadataResponsePartition::default();
                 p.partition_index = i;
-                p.leader_id = BrokerId(NODE);
-                p.replica_nodes = vec![BrokerId(NODE)];
-                p.isr_nodes = vec![BrokerId(NODE)];
+                p.leader_id = leader;
+                p.replica_nodes = vec![leader];
+                p.isr_nodes = vec![leader];
                 p
             })
             .collect();

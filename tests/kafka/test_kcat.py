@@ -17,7 +17,7 @@ def test_kcat_lists_produces_and_consumes(broker):
     kcat(broker, "-t", "orders", "-K:", "-P", "-p", "3", stdin="k1:hello\nk2:world\n")
     kcat(broker, "-t", "orders", "-P", "-p", "5", stdin="plain\n")
     listing = kcat(broker, "-L", "-t", "orders")
-    assert "1 brokers:" in listing and f"broker 0 at {broker.bootstrap}" in listing
+    assert "1 brokers:" in listing and f"broker 1 at {broker.bootstrap}" in listing  # the first node registered
     assert 'topic "orders" with 8 partitions:' in listing
     lines = kcat(broker, "-t", "orders", "-C", "-o", "beginning", "-e", "-q", "-f", "%p %o %k %s\\n").splitlines()
     assert sorted(lines) == sorted(["3 0 k1 hello", "3 1 k2 world", "5 0  plain"])
