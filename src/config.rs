@@ -262,6 +262,8 @@ pub struct KafkaConfig {
     pub max_frame: usize,
     /// How long the first rebalance of an empty group waits for more members.
     pub group_initial_delay: Duration,
+    /// TLS on the Kafka port: a PEM certificate chain and its key (both or neither).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// KV's settings (`QUEEN_KV_*`).
@@ -594,6 +596,13 @@ impl Config {
                 default_partitions: env.parse(&["QUEEN_KAFKA_DEFAULT_PARTITIONS"], 8i32, "a partition count from 1 to 100000", |v| (1..=100_000).contains(v))?,
                 max_frame: env.parse(&["QUEEN_KAFKA_MAX_FRAME"], 100usize << 20, "a byte count from 65536 to 1073741824", |v| (65_536..=1 << 30).contains(v))?,
                 group_initial_delay: ms(&["QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS"], 0, 0)?,
+                tls: match (env.get(&["QUEEN_KAFKA_TLS_CERT"]), env.get(&["QUEEN_KAFKA_TLS_KEY"])) {
+                    (Some((_, cert)), Some((_, key))) => Some((PathBuf::from(cert), PathBuf::from(key))),
+                    (None, None) => None,
+                    (Some((var, _)), None) | (None, Some((var, _))) => {
+                        return Err(ConfigError { var, value: String::new(), expected: "QUEEN_KAFKA_TLS_CERT and QUEEN_KAFKA_TLS_KEY together".into() })
+                    }
+                },
             },
             limits: Limits {
                 max_connections: env.parse(&["QUEEN_MAX_CONNECTIONS"], 10_000usize, "a connection count of at least 1", |v| *v >= 1)?,
@@ -643,6 +652,8 @@ impl Config {
         ("QUEEN_KAFKA_AUTO_CREATE", "true", "Metadata and Produce create the topics (queues) they name"),
         ("QUEEN_KAFKA_DEFAULT_PARTITIONS", "8", "partitions a topic advertises at least (its width never shrinks: numeric partitions above it widen it)"),
         ("QUEEN_KAFKA_MAX_FRAME", "104857600", "largest Kafka request frame in bytes; a larger one closes the connection"),
+        ("QUEEN_KAFKA_TLS_CERT", "", "PEM certificate chain of the Kafka port; with QUEEN_KAFKA_TLS_KEY, clients connect with TLS (security.protocol SSL or SASL_SSL)"),
+        ("QUEEN_KAFKA_TLS_KEY", "", "PEM private key of QUEEN_KAFKA_TLS_CERT"),
         ("QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS", "0", "ms the first rebalance of an empty consumer group waits for more members to join"),
         ("QUEEN_PEER_HINTS", "true", "tell the other brokers on the database which partitions this one wrote (LISTEN/NOTIFY on one connection), so their long-polls wake at once; false: they wake at their next backoff"),
         ("QUEEN_EPHEMERAL_ENABLED", "true", "serve ephemeral (in-memory) queues; false answers their routes 503 ephemeral_disabled"),
@@ -771,6 +782,19 @@ mod tests {
         assert_eq!(c.pop.default_timeout, Duration::from_millis(30_000));
         assert_eq!(c.pop.default_subscription_mode, SubscriptionMode::All);
         assert!(c.pop.hotlist);
+    }
+
+    #[test]
+    fn the_kafka_listener_defaults_and_its_tls_pair() {
+        let k = parse(&[]).unwrap().kafka;
+        assert!(k.enabled && k.auto_create && !k.listen_explicit);
+        assert_eq!((k.listen.as_str(), k.default_partitions, k.max_frame, k.tls), ("0.0.0.0:9092", 8, 100 << 20, None));
+        let k = parse(&[("QUEEN_KAFKA_LISTEN", "127.0.0.1:0"), ("QUEEN_KAFKA_TLS_CERT", "c.pem"), ("QUEEN_KAFKA_TLS_KEY", "k.pem")]).unwrap().kafka;
+        assert!(k.listen_explicit);
+        assert_eq!(k.tls, Some((PathBuf::from("c.pem"), PathBuf::from("k.pem"))));
+        let e = parse(&[("QUEEN_KAFKA_TLS_CERT", "c.pem")]).unwrap_err();
+        assert_eq!((e.var, e.expected.as_ref()), ("QUEEN_KAFKA_TLS_CERT", "QUEEN_KAFKA_TLS_CERT and QUEEN_KAFKA_TLS_KEY together"));
+        assert_eq!(parse(&[("QUEEN_KAFKA_DEFAULT_PARTITIONS", "0")]).unwrap_err().var, "QUEEN_KAFKA_DEFAULT_PARTITIONS");
     }
 
     #[test]

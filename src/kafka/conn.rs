@@ -14,8 +14,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::broadcast;
 
 use super::sasl::{self, Session};
@@ -73,8 +72,11 @@ pub fn encode_answer<T: Encodable + HeaderVersion>(correlation_id: i32, version:
 
 /// Serves one connection until the peer closes it, a frame is refused, or
 /// the broker stops (between requests: one in progress is answered).
-pub async fn serve(kafka: Arc<Kafka>, stream: TcpStream, peer: SocketAddr, mut stop: broadcast::Receiver<()>) {
-    let (read, mut write) = stream.into_split();
+pub async fn serve<R, W>(kafka: Arc<Kafka>, read: R, mut write: W, peer: SocketAddr, mut stop: broadcast::Receiver<()>)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut read = BufReader::with_capacity(64 << 10, read);
     let mut session = Session::new(kafka.state.config.auth.enabled);
     loop {

@@ -55,22 +55,45 @@ pub struct Kafka {
     pub producers: idempotence::Producers,
 }
 
+/// A bound Kafka port, and its TLS acceptor when it speaks TLS.
+pub struct Listener {
+    tcp: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
 /// Binds the listener the configuration names. `Ok(None)`: the listener is
 /// off, or its default address is held by another process (a second broker
 /// on one machine), which is logged and skipped; an address the operator
-/// set must bind.
-pub async fn bind(cfg: &KafkaConfig) -> Result<Option<TcpListener>, std::io::Error> {
+/// set must bind. A TLS certificate or key that does not load fails too.
+pub async fn bind(cfg: &KafkaConfig) -> Result<Option<Listener>, std::io::Error> {
     if !cfg.enabled {
         return Ok(None);
     }
+    let tls = cfg.tls.as_ref().map(|(cert, key)| tls_acceptor(cert, key)).transpose()?;
     match TcpListener::bind(&cfg.listen).await {
-        Ok(l) => Ok(Some(l)),
+        Ok(tcp) => Ok(Some(Listener { tcp, tls })),
         Err(e) if !cfg.listen_explicit && e.kind() == std::io::ErrorKind::AddrInUse => {
             tracing::warn!(addr = %cfg.listen, "the Kafka port is taken; the Kafka listener is off (set QUEEN_KAFKA_LISTEN to choose another)");
             Ok(None)
         }
         Err(e) => Err(e),
     }
+}
+
+/// A rustls server of the PEM chain and key.
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<tokio_rustls::TlsAcceptor, std::io::Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect())
+        .map_err(|e| bad(format!("QUEEN_KAFKA_TLS_CERT {}: {e}", cert.display())))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(format!("QUEEN_KAFKA_TLS_KEY {}: {e}", key.display())))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(|e| bad(format!("QUEEN_KAFKA_TLS_CERT/KEY: {e}")))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// The `host:port` to advertise for a listener bound at `local`.
@@ -97,8 +120,9 @@ fn hostname() -> String {
 
 /// Serves the listener until `shutdown`: each connection in its own task,
 /// at most [`MAX_CONNECTIONS`] at once.
-pub async fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::Sender<()>) {
+pub async fn spawn(state: AppState, listener: Listener, shutdown: broadcast::Sender<()>) {
     let cfg = state.config.kafka.clone();
+    let Listener { tcp: listener, tls } = listener;
     let Ok(local) = listener.local_addr() else { return };
     let (host, port) = advertised(&cfg, local);
     let advertised = format!("{host}:{port}");
@@ -106,7 +130,7 @@ pub async fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::
     groups.spawn_expiry(shutdown.subscribe());
     let nodes = nodes::Nodes::alone(host, port);
     nodes.start(state.pool.clone(), shutdown.subscribe()).await;
-    tracing::info!(%local, %advertised, node = nodes.me().id, "kafka listening on {local}");
+    tracing::info!(%local, %advertised, node = nodes.me().id, tls = tls.is_some(), "kafka listening on {local}");
     let kafka = Arc::new(Kafka { state, config: cfg, nodes, groups, producers: Default::default() });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut stop = shutdown.subscribe();
@@ -130,8 +154,24 @@ pub async fn spawn(state: AppState, listener: TcpListener, shutdown: broadcast::
             let _ = stream.set_nodelay(true);
             let kafka = kafka.clone();
             let stop = shutdown.subscribe();
+            let tls = tls.clone();
             tokio::spawn(async move {
-                conn::serve(kafka, stream, peer, stop).await;
+                match tls {
+                    None => {
+                        let (read, write) = stream.into_split();
+                        conn::serve(kafka, read, write, peer, stop).await;
+                    }
+                    Some(acceptor) => {
+                        match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream)).await {
+                            Ok(Ok(tls)) => {
+                                let (read, write) = tokio::io::split(tls);
+                                conn::serve(kafka, read, write, peer, stop).await;
+                            }
+                            Ok(Err(e)) => tracing::warn!(%peer, error = %e, "kafka TLS handshake failed"),
+                            Err(_) => tracing::warn!(%peer, "kafka TLS handshake timed out"),
+                        }
+                    }
+                }
                 drop(permit);
             });
         }
