@@ -35,19 +35,7 @@ pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: 
             return Ok(bad(body));
         }
     };
-    let answer = configure::apply(&state.pool, &req).await?;
-    // New settings apply to the next claim; a ring built under the old ones is dropped.
-    state.pop.hotlist.forget(Some(&req.queue), None);
-    let o = &answer["options"];
-    let column = |k: &str| o[k].as_i64().unwrap_or(0).clamp(0, i32::MAX as i64) as i32;
-    state.pop.settings.set(
-        &req.queue,
-        crate::pop::settings::QueueTimings::from_columns(column("minPopWaitTime"), column("delayedProcessing"), column("windowBuffer")),
-    );
-    state.coalescer.encryption().set(&req.queue, o["encryptionEnabled"].as_bool().unwrap_or(false));
-    // The other brokers reread their cached settings of the queue now.
-    state.cluster.announce_change();
-    Ok(Json(answer).into_response())
+    Ok(Json(state.configure(&req).await?).into_response())
 }
 
 pub async fn list_queues(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

@@ -140,6 +140,25 @@ impl AppState {
         }
     }
 
+    /// Applies a queue's configuration (`POST /api/v1/configure`, Kafka's
+    /// IncrementalAlterConfigs) and makes this broker and the others use it
+    /// at once; answers the full effective configuration.
+    pub async fn configure(&self, req: &crate::admin::configure::Request) -> Result<serde_json::Value, crate::db::DbError> {
+        let answer = crate::admin::configure::apply(&self.pool, req).await?;
+        // New settings apply to the next claim; a ring built under the old ones is dropped.
+        self.pop.hotlist.forget(Some(&req.queue), None);
+        let o = &answer["options"];
+        let column = |k: &str| o[k].as_i64().unwrap_or(0).clamp(0, i32::MAX as i64) as i32;
+        self.pop.settings.set(
+            &req.queue,
+            crate::pop::settings::QueueTimings::from_columns(column("minPopWaitTime"), column("delayedProcessing"), column("windowBuffer")),
+        );
+        self.coalescer.encryption().set(&req.queue, o["encryptionEnabled"].as_bool().unwrap_or(false));
+        // The other brokers reread their cached settings of the queue now.
+        self.cluster.announce_change();
+        Ok(answer)
+    }
+
     /// Deletes a queue and everything under it, and forgets its hot-list
     /// rings (`DELETE /api/v1/resources/queues/{q}`, Kafka's DeleteTopics).
     pub async fn delete_queue(&self, queue: &str) -> Result<serde_json::Value, crate::db::DbError> {

@@ -21,7 +21,14 @@ pub fn need(key: ApiKey) -> Level {
     match key {
         ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate | ApiKey::FindCoordinator => Level::Public,
         ApiKey::Produce | ApiKey::InitProducerId => Level::WriteOnly,
-        ApiKey::Fetch | ApiKey::ListOffsets | ApiKey::Metadata | ApiKey::OffsetFetch | ApiKey::DescribeGroups | ApiKey::ListGroups => {
+        ApiKey::Fetch
+        | ApiKey::ListOffsets
+        | ApiKey::Metadata
+        | ApiKey::OffsetFetch
+        | ApiKey::DescribeGroups
+        | ApiKey::ListGroups
+        | ApiKey::DescribeConfigs
+        | ApiKey::DescribeCluster => {
             Level::ReadOnly
         }
         ApiKey::DeleteTopics | ApiKey::DeleteGroups | ApiKey::OffsetDelete => Level::Admin,
@@ -242,6 +249,35 @@ pub fn denied(req: &Request) -> Reply {
             for name in names {
                 let mut out = delete_topics_response::DeletableTopicResult::default();
                 out.name = name;
+                out.error_code = TOPIC;
+                a.responses.push(out);
+            }
+            req.answer(&a)
+        }
+        ApiKey::DescribeCluster => {
+            let mut a = DescribeClusterResponse::default();
+            a.error_code = 31; // CLUSTER_AUTHORIZATION_FAILED
+            req.answer(&a)
+        }
+        ApiKey::DescribeConfigs => {
+            let r = decode!(req, DescribeConfigsRequest);
+            let mut a = DescribeConfigsResponse::default();
+            for res in &r.resources {
+                let mut out = describe_configs_response::DescribeConfigsResult::default();
+                out.resource_type = res.resource_type;
+                out.resource_name = res.resource_name.clone();
+                out.error_code = TOPIC;
+                a.results.push(out);
+            }
+            req.answer(&a)
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let r = decode!(req, IncrementalAlterConfigsRequest);
+            let mut a = IncrementalAlterConfigsResponse::default();
+            for res in &r.resources {
+                let mut out = incremental_alter_configs_response::AlterConfigsResourceResponse::default();
+                out.resource_type = res.resource_type;
+                out.resource_name = res.resource_name.clone();
                 out.error_code = TOPIC;
                 a.responses.push(out);
             }

@@ -19,6 +19,7 @@
 
 mod admin;
 mod authz;
+mod configs;
 pub mod batch;
 mod conn;
 mod fetch;
@@ -439,6 +440,32 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
                 }
             }
             req.answer(&a)
+        }
+        ApiKey::DescribeCluster => {
+            let live = kafka.nodes.live();
+            let mut a = DescribeClusterResponse::default();
+            a.endpoint_type = 1; // brokers
+            a.cluster_id = StrBytes::from_static_str("queen");
+            a.controller_id = BrokerId(live.first().map_or(0, |n| n.id));
+            a.brokers = live
+                .into_iter()
+                .map(|n| {
+                    let mut b = describe_cluster_response::DescribeClusterBroker::default();
+                    b.broker_id = BrokerId(n.id);
+                    b.host = StrBytes::from_string(n.host);
+                    b.port = n.port;
+                    b
+                })
+                .collect();
+            req.answer(&a)
+        }
+        ApiKey::DescribeConfigs => {
+            let r = decode!(DescribeConfigsRequest);
+            req.answer(&configs::describe(kafka, &r, req.version).await)
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let r = decode!(IncrementalAlterConfigsRequest);
+            req.answer(&configs::alter(kafka, &r).await)
         }
         ApiKey::CreateTopics => {
             let r = decode!(CreateTopicsRequest);

@@ -31,8 +31,11 @@ const TABLE: &[(ApiKey, i16, i16)] = &[
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::CreatePartitions, 0, 3),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::SaslAuthenticate, 0, 2),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::DescribeCluster, 0, 1),
 ];
 
 /// The window served for `key`, if it is served.

@@ -86,3 +86,28 @@ def test_groups_are_listed_described_and_deleted_with_queens_own(broker):
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("kafka-group", [TopicPartition("work", 0)])])
     [tp] = offsets["kafka-group"].result(timeout=30).topic_partitions
     assert (tp.partition, tp.offset) == (0, 1)
+
+
+def test_retention_ms_is_the_queues_retention_and_compaction_is_refused(broker):
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert wait(admin.create_topics([NewTopic("kept", 2, 1)])) == {"kept": None}
+    res = ConfigResource(ResourceType.TOPIC, "kept")
+
+    def configs():
+        entries = admin.describe_configs([res])[res].result(timeout=30)
+        return {k: e.value for k, e in entries.items()}
+
+    assert configs() == {"retention.ms": "-1", "cleanup.policy": "delete"}
+    alter = ConfigResource(ResourceType.TOPIC, "kept", incremental_configs=[
+        ConfigEntry("retention.ms", "86400000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([alter])[alter].result(timeout=30)
+    assert configs()["retention.ms"] == "86400000"
+    _, queue = http(broker, "GET", "/api/v1/resources/queues/kept")
+    assert queue["options"]["retentionSeconds"] == 86400
+    compact = ConfigResource(ResourceType.TOPIC, "kept", incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
+    with pytest.raises(KafkaException) as refused:
+        admin.incremental_alter_configs([compact])[compact].result(timeout=30)
+    assert refused.value.args[0].name() == "INVALID_CONFIG"
+    assert configs()["retention.ms"] == "86400000", "a refused alter changes nothing"

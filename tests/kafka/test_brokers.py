@@ -23,6 +23,9 @@ def test_a_group_spread_over_two_brokers_is_one_group_and_survives_its_coordinat
             return all(len(a.list_topics(timeout=10).brokers) == 2 for a in admins)
 
         wait_for(both_listed, 30, "each broker listing both")
+        cluster = admins[1].describe_cluster().result(timeout=30)
+        assert cluster.cluster_id == "queen" and len(cluster.nodes) == 2
+        assert cluster.controller.id == min(n.id for n in cluster.nodes)
         produce(broker, "spread", [(i % 8, None, f"v{i}".encode(), []) for i in range(400)])
         md = [a.list_topics("spread", timeout=10).topics["spread"].partitions for a in admins]
         leaders = [{p: m.leader for p, m in parts.items()} for parts in md]
