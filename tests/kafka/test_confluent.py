@@ -257,3 +257,58 @@ def test_a_broker_restart_mid_consume_loses_no_commit_and_redelivers_at_most_the
     assert set(reads) == {(p, o) for p in range(4) for o in range(150)}, "everything was read"
     again = len(reads) - len(set(reads))
     assert again <= 4, f"{again} records read twice: at most one uncommitted record per partition may be"
+
+
+def test_timestamps_round_trip_and_list_offsets_finds_them(broker):
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i, ts in enumerate([1_600_000_000_000, 1_600_000_000_001, 1_700_000_000_000]):
+        p.produce("stamped", value=f"v{i}".encode(), partition=0, timestamp=ts)
+    p.flush(30)
+    c = consumer(broker, "stamps")
+    c.assign([TopicPartition("stamped", 0, 0)])
+    got = []
+    wait_for(lambda: (got.append(m) if (m := c.poll(0.2)) is not None and not m.error() else None) or len(got) == 3,
+             30, "three records")
+    from confluent_kafka import TIMESTAMP_CREATE_TIME
+    assert [m.timestamp() for m in got] == [(TIMESTAMP_CREATE_TIME, t) for t in (1_600_000_000_000, 1_600_000_000_001, 1_700_000_000_000)]
+    # By time: segment-granular, from the time the broker wrote them (now), so
+    # a time before the write finds the first offset and one after finds none.
+    before = c.offsets_for_times([TopicPartition("stamped", 0, int(time.time() * 1000) - 60_000)], timeout=10)
+    after = c.offsets_for_times([TopicPartition("stamped", 0, int(time.time() * 1000) + 60_000)], timeout=10)
+    assert (before[0].offset, after[0].offset) == (0, -1)
+    c.close()
+
+
+def test_cooperative_sticky_members_rebalance_incrementally_and_read_everything_once(broker):
+    from confluent_kafka import KafkaException
+    produce(broker, "coop", [(i % 6, None, f"v{i}".encode(), []) for i in range(300)])
+    strategy = {"partition.assignment.strategy": "cooperative-sticky"}
+    members = [consumer(broker, "coop-group", **strategy) for _ in range(2)]
+    seen, committed, again = [], set(), []
+    try:
+        for m in members:
+            m.subscribe(["coop"])
+
+        def poll_all():
+            for m in members:
+                msg = m.poll(0.1)
+                if msg is None or msg.error():
+                    continue
+                key = (msg.partition(), msg.offset())
+                if key in committed:
+                    again.append(key)
+                seen.append(key)
+                try:
+                    m.commit(message=msg, asynchronous=False)
+                    committed.add(key)
+                except KafkaException:
+                    pass  # a commit racing a rebalance (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS): read again later
+            return len(set(seen)) == 300 and all(m.assignment() for m in members)
+
+        wait_for(poll_all, 90, "everything read, both members assigned")
+        parts = [{tp.partition for tp in m.assignment()} for m in members]
+        assert not parts[0] & parts[1] and parts[0] | parts[1] == set(range(8))
+        assert again == [], "a committed record came again"
+    finally:
+        for m in members:
+            m.close()
