@@ -14,12 +14,5 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
         echo "chromium and chromium-driver are needed for the dashboard test (apt-get install chromium chromium-driver)" >&2; exit 1
     fi
 fi
-cargo build --locked --bin queen -q
-VENV=target/compat-venv
-source scripts/lib/venv.sh
-ensure_venv "$VENV" tests/compat/requirements.txt
-source scripts/lib/pg-cluster.sh
-start_pg_cluster 5432 "-c fsync=off -c synchronous_commit=off"
-trap stop_pg_cluster EXIT
-QUEEN_COMPAT_PG_DIR=$PG_DIR QUEEN_COMPAT_PG_PORT=$PG_PORT QUEEN_BIN=$PWD/target/debug/queen \
-    QUEEN_COMPAT_PSQL=$PG_BIN/psql "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/compat "$@"
+source scripts/lib/pytest-suite.sh
+run_pytest_suite compat 5432 "$@"

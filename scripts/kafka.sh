@@ -25,12 +25,5 @@ fi
 if ! cmp -s tests/kafka/js/package-lock.json tests/kafka/js/node_modules/.package-lock.json 2>/dev/null; then
     (cd tests/kafka/js && npm ci --no-audit --no-fund --silent)
 fi
-cargo build --locked --bin queen -q
-VENV=target/kafka-venv
-source scripts/lib/venv.sh
-ensure_venv "$VENV" tests/kafka/requirements.txt
-source scripts/lib/pg-cluster.sh
-start_pg_cluster 5433 "-c fsync=off -c synchronous_commit=off"
-trap stop_pg_cluster EXIT
-QUEEN_COMPAT_PG_DIR=$PG_DIR QUEEN_COMPAT_PG_PORT=$PG_PORT QUEEN_BIN=$PWD/target/debug/queen \
-    QUEEN_COMPAT_PSQL=$PG_BIN/psql "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/kafka "$@"
+source scripts/lib/pytest-suite.sh
+run_pytest_suite kafka 5433 "$@"

@@ -21,16 +21,11 @@ use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponse, Off
 use kafka_protocol::messages::{GroupId, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
-use super::topics::{self, valid_name, INVALID_TOPIC_EXCEPTION, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION};
+use super::topics::{self, valid_name};
 use super::Kafka;
 use crate::db::DbError;
+use super::codes::{self, *};
 
-const TOPIC_ALREADY_EXISTS: i16 = 36;
-const INVALID_PARTITIONS: i16 = 37;
-const NON_EMPTY_GROUP: i16 = 68;
-const GROUP_ID_NOT_FOUND: i16 = 69;
-const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
-const UNKNOWN_TOPIC_ID: i16 = 100;
 /// The widest topic a client may declare.
 pub const MAX_PARTITIONS: i32 = 100_000;
 
@@ -215,7 +210,7 @@ pub async fn describe_groups(kafka: &Kafka, req: &DescribeGroupsRequest, version
         let mut out = DescribedGroup::default();
         out.group_id = GroupId(text(name.clone()));
         if !kafka.nodes.mine(&super::coordination_key(&name)) {
-            out.error_code = super::NOT_COORDINATOR;
+            out.error_code = codes::NOT_COORDINATOR;
             r.groups.push(out);
             continue;
         }
@@ -263,7 +258,7 @@ pub async fn delete_groups(kafka: &Kafka, req: &DeleteGroupsRequest) -> DeleteGr
         let mut out = DeletableGroupResult::default();
         out.group_id = g.clone();
         out.error_code = if !kafka.nodes.mine(&super::coordination_key(&g.0)) {
-            super::NOT_COORDINATOR
+            codes::NOT_COORDINATOR
         } else if kafka.groups.has_members(&g.0) {
             NON_EMPTY_GROUP
         } else {
@@ -285,7 +280,7 @@ pub async fn offset_delete(kafka: &Kafka, req: &OffsetDeleteRequest) -> OffsetDe
     let group = req.group_id.0.as_str();
     let mut r = OffsetDeleteResponse::default();
     if !kafka.nodes.mine(&super::coordination_key(group)) {
-        r.error_code = super::NOT_COORDINATOR;
+        r.error_code = codes::NOT_COORDINATOR;
         return r;
     }
     let active = kafka.groups.has_members(group);

@@ -13,8 +13,11 @@
 use kafka_protocol::messages::*;
 
 use super::conn::{Reply, Request};
-use super::sasl::{GROUP_AUTHORIZATION_FAILED as GROUP, TOPIC_AUTHORIZATION_FAILED as TOPIC};
 use crate::http::auth::Level;
+use super::codes::{
+    CLUSTER_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED as GROUP, TOPIC_AUTHORIZATION_FAILED as TOPIC,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+};
 
 /// The level a request needs.
 pub fn need(key: ApiKey) -> Level {
@@ -256,7 +259,7 @@ pub fn denied(req: &Request) -> Reply {
         }
         ApiKey::DescribeCluster => {
             let mut a = DescribeClusterResponse::default();
-            a.error_code = 31; // CLUSTER_AUTHORIZATION_FAILED
+            a.error_code = CLUSTER_AUTHORIZATION_FAILED;
             req.answer(&a)
         }
         ApiKey::DescribeConfigs => {
@@ -285,7 +288,7 @@ pub fn denied(req: &Request) -> Reply {
         }
         ApiKey::InitProducerId => {
             let mut a = InitProducerIdResponse::default();
-            a.error_code = 53; // TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Kafka's answer to a producer without write
+            a.error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED; // Kafka's answer to a producer without write
             a.producer_id = ProducerId(-1);
             a.producer_epoch = -1;
             req.answer(&a)

@@ -11,13 +11,12 @@ use kafka_protocol::messages::incremental_alter_configs_request::IncrementalAlte
 use kafka_protocol::messages::incremental_alter_configs_response::{AlterConfigsResourceResponse, IncrementalAlterConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 
-use super::topics::{valid_name, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION};
+use super::topics::valid_name;
 use super::Kafka;
+use super::codes::*;
 
 const TOPIC: i8 = 2;
 const BROKER: i8 = 4;
-const INVALID_CONFIG: i16 = 40;
-const INVALID_REQUEST: i16 = 42;
 /// Kafka's config sources: set on the topic, or the default.
 const DYNAMIC_TOPIC_CONFIG: i8 = 1;
 const DEFAULT_CONFIG: i8 = 5;

@@ -19,6 +19,7 @@ use tokio::sync::broadcast;
 
 use super::sasl::{self, Session};
 use super::{versions, Kafka};
+use super::codes;
 
 /// What one request comes to.
 pub enum Reply {
@@ -150,7 +151,7 @@ async fn handle(kafka: &Kafka, mut frame: Bytes, peer: SocketAddr, session: &mut
         if key == ApiKey::ApiVersions {
             // Kafka's rule: the answer is v0 with UNSUPPORTED_VERSION and
             // the table, and the client retries at a version it lists.
-            return encode_answer(correlation_id, 0, &versions::answer(versions::UNSUPPORTED_VERSION));
+            return encode_answer(correlation_id, 0, &versions::answer(codes::UNSUPPORTED_VERSION));
         }
         return Reply::Close(format!("{key:?} v{version} is outside v{}-v{}", range.0, range.1));
     }

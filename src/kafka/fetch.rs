@@ -16,11 +16,11 @@ use kafka_protocol::messages::fetch_response::{FetchResponse, FetchableTopicResp
 use kafka_protocol::messages::BrokerId;
 
 use super::records::{from_payload, KafkaRecord};
-use super::topics::{partition_name, valid_name, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION};
+use super::topics::{partition_name, valid_name};
 use super::{batch, Kafka};
 use crate::reads::fetch::{self as reads, Entry, Sink};
+use super::codes::*;
 
-const OFFSET_OUT_OF_RANGE: i16 = 1;
 
 /// One partition's part of the answer as the reader fills it.
 #[derive(Default)]

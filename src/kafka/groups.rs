@@ -33,15 +33,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{broadcast, oneshot};
+use super::codes::*;
 
-pub const NONE: i16 = 0;
-pub const ILLEGAL_GENERATION: i16 = 22;
-pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
-pub const UNKNOWN_MEMBER_ID: i16 = 25;
-pub const INVALID_SESSION_TIMEOUT: i16 = 26;
-pub const REBALANCE_IN_PROGRESS: i16 = 27;
-pub const INVALID_GROUP_ID: i16 = 24;
-pub const MEMBER_ID_REQUIRED: i16 = 79;
 
 /// Session timeouts a member may ask for (Kafka's broker defaults).
 const SESSION_MIN: Duration = Duration::from_millis(6_000);

@@ -21,14 +21,13 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
+use super::codes::*;
 
 /// Batches remembered per window: Kafka's `max.in.flight` for idempotence.
 const REMEMBERED: usize = 5;
 /// Windows kept at most.
 pub const MAX_WINDOWS: usize = 100_000;
 
-pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
-pub const INVALID_PRODUCER_EPOCH: i16 = 47;
 
 /// The producer fields of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

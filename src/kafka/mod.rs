@@ -19,6 +19,7 @@
 
 mod admin;
 mod authz;
+pub mod codes;
 mod configs;
 pub mod batch;
 mod conn;
@@ -39,6 +40,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, Semaphore};
 
 use crate::config::KafkaConfig;
+use self::codes::*;
+
 use crate::http::AppState;
 
 /// Most Kafka connections served at once; one more waits for a slot.
@@ -179,14 +182,11 @@ pub async fn spawn(state: AppState, listener: Listener, shutdown: broadcast::Sen
     });
 }
 
-const INVALID_REQUEST: i16 = 42;
-pub const NOT_COORDINATOR: i16 = 16;
 
 /// What a group's coordinator is chosen by (`nodes::Nodes::owner`).
 pub fn coordination_key(group: &str) -> String {
     format!("group\0{group}")
 }
-const COORDINATOR_NOT_AVAILABLE: i16 = 15;
 
 /// A producer id no broker of this database handed out before.
 async fn next_producer_id(pool: &deadpool_postgres::Pool) -> Result<i64, crate::db::DbError> {
@@ -219,17 +219,17 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         return authz::denied(req);
     }
     match req.key {
-        ApiKey::ApiVersions => req.answer(&versions::answer(versions::NONE)),
+        ApiKey::ApiVersions => req.answer(&versions::answer(codes::NONE)),
         ApiKey::SaslHandshake => {
             let r = decode!(SaslHandshakeRequest);
             let mut a = SaslHandshakeResponse::default();
             if !session.required {
                 // No SASL on this broker (JWT is off): nothing to agree on.
-                a.error_code = sasl::UNSUPPORTED_SASL_MECHANISM;
+                a.error_code = codes::UNSUPPORTED_SASL_MECHANISM;
             } else if session.handshaken {
-                a.error_code = sasl::ILLEGAL_SASL_STATE;
+                a.error_code = codes::ILLEGAL_SASL_STATE;
             } else if r.mechanism.as_str() != "PLAIN" {
-                a.error_code = sasl::UNSUPPORTED_SASL_MECHANISM;
+                a.error_code = codes::UNSUPPORTED_SASL_MECHANISM;
                 a.mechanisms = vec![StrBytes::from_static_str("PLAIN")];
             } else {
                 session.handshaken = true;
@@ -242,14 +242,14 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
             let r = decode!(SaslAuthenticateRequest);
             let mut a = SaslAuthenticateResponse::default();
             if !session.handshaken || session.principal.is_some() {
-                a.error_code = sasl::ILLEGAL_SASL_STATE;
+                a.error_code = codes::ILLEGAL_SASL_STATE;
                 a.error_message = Some(StrBytes::from_static_str("SaslAuthenticate comes once, after a PLAIN SaslHandshake"));
                 return req.answer(&a);
             }
             match authenticate(kafka, session, &r.auth_bytes) {
                 Ok(()) => req.answer(&a),
                 Err(why) => {
-                    a.error_code = sasl::SASL_AUTHENTICATION_FAILED;
+                    a.error_code = codes::SASL_AUTHENTICATION_FAILED;
                     a.error_message = Some(StrBytes::from_string(format!("Authentication failed: {why}")));
                     match req.answer(&a) {
                         conn::Reply::Send(body) => conn::Reply::SendThenClose(body, format!("SASL authentication failed: {why}")),
@@ -402,7 +402,7 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
                     })
                     .collect();
             } else {
-                a.error_code = codes.first().copied().unwrap_or(groups::UNKNOWN_MEMBER_ID);
+                a.error_code = codes.first().copied().unwrap_or(codes::UNKNOWN_MEMBER_ID);
             }
             req.answer(&a)
         }

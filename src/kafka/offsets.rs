@@ -17,9 +17,10 @@ use kafka_protocol::messages::offset_fetch_response::{OffsetFetchResponse, Offse
 use kafka_protocol::messages::TopicName;
 use kafka_protocol::protocol::StrBytes;
 
-use super::topics::{partition_name, valid_name, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION};
+use super::topics::{partition_name, valid_name};
 use super::Kafka;
 use crate::db::DbError;
+use super::codes::{self, *};
 
 /// `OffsetCommit`.
 pub async fn commit(kafka: &Kafka, req: &OffsetCommitRequest) -> OffsetCommitResponse {
@@ -28,7 +29,7 @@ pub async fn commit(kafka: &Kafka, req: &OffsetCommitRequest) -> OffsetCommitRes
     // plain commit (generation -1, no member) can be written by any broker.
     let inside = req.generation_id_or_member_epoch >= 0 || !req.member_id.is_empty();
     let allowed = if inside && !kafka.nodes.mine(&super::coordination_key(group)) {
-        super::NOT_COORDINATOR
+        codes::NOT_COORDINATOR
     } else {
         kafka.groups.commit_allowed(group, req.generation_id_or_member_epoch, req.member_id.as_str())
     };

@@ -14,13 +14,12 @@ use std::borrow::Cow;
 use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, ProduceResponse, TopicProduceResponse};
 
-use super::topics::{partition_name, valid_name, INVALID_TOPIC_EXCEPTION, KAFKA_STORAGE_ERROR, UNKNOWN_TOPIC_OR_PARTITION};
+use super::topics::{partition_name, valid_name};
 use super::idempotence::{Sequenced, Verdict};
 use super::{batch, records, Kafka};
 use crate::push::{self, Outcome, PushItem};
+use super::codes::*;
 
-const CORRUPT_MESSAGE: i16 = 2;
-const INVALID_RECORD: i16 = 87;
 
 /// The stored payloads of one partition of the request, or its error.
 struct Lane {

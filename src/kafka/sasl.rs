@@ -13,11 +13,6 @@ use crate::http::auth::{Level, Principal};
 /// The largest frame before authentication.
 pub const PRE_AUTH_FRAME: usize = 64 << 10;
 
-pub const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
-pub const ILLEGAL_SASL_STATE: i16 = 34;
-pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
-pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
-pub const GROUP_AUTHORIZATION_FAILED: i16 = 30;
 
 /// One connection's authentication state.
 #[derive(Debug, Default)]

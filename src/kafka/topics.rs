@@ -13,10 +13,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::Kafka;
 use crate::db::DbError;
+use super::codes::*;
 
-pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
-pub const KAFKA_STORAGE_ERROR: i16 = 56;
 
 /// Whether `name` can be a topic here: a valid queue name that does not
 /// claim Kafka's internal prefix.

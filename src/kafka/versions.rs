@@ -5,8 +5,6 @@
 use kafka_protocol::messages::api_versions_response::{ApiVersion, ApiVersionsResponse};
 use kafka_protocol::messages::ApiKey;
 
-pub const NONE: i16 = 0;
-pub const UNSUPPORTED_VERSION: i16 = 35;
 
 /// (key, lowest, highest version served). Each window lies inside the
 /// crate's own for that key.
