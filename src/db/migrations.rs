@@ -60,6 +60,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(24, "0024_sealed_timers.sql"),
     migration!(25, "0025_dedup_key.sql"),
     migration!(26, "0026_kafka_topics.sql"),
+    migration!(27, "0027_kv_shared_writes.sql"),
 ];
 
 /// The first migration of the development history squashed into the

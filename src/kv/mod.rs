@@ -63,20 +63,38 @@ pub async fn run<C: GenericClient>(client: &C, operations: &[Op], limits: &KvLim
     // operations (not each one's: 256 of them would have been 1 GiB).
     let mut budget = limits.max_read_bytes;
     for (i, op) in operations.iter().enumerate() {
-        let mut result = apply(client, op, &mut budget).await?;
-        result["index"] = json!(i);
-        // A lock guard that does not hold says so, never which token does.
-        if op.ns() == ops::LOCKS_NAMESPACE {
-            let applied = result.get("applied") == Some(&Value::Bool(true));
-            result["version"] = ops::shown_version(op, applied, result["version"].take());
-        }
-        let lost = op.is_required() && result.get("applied") == Some(&Value::Bool(false));
+        let result = apply(client, op, &mut budget).await?;
+        let (result, lost) = settle(op, i, result);
         results.push(result);
         if lost {
             return Ok(Outcome { results: rolled_back(results, operations, i), failed: Some(i) });
         }
     }
     Ok(Outcome { results, failed: None })
+}
+
+/// An operation's result as its call answers it (its `index`; a lock's
+/// token hidden from whoever does not hold it), and whether it lost as a
+/// required one, which stops the call.
+fn settle(op: &Op, index: usize, mut result: Value) -> (Value, bool) {
+    result["index"] = json!(index);
+    // A lock guard that does not hold says so, never which token does.
+    if op.ns() == ops::LOCKS_NAMESPACE {
+        let applied = result.get("applied") == Some(&Value::Bool(true));
+        result["version"] = ops::shown_version(op, applied, result["version"].take());
+    }
+    let lost = op.is_required() && result.get("applied") == Some(&Value::Bool(false));
+    (result, lost)
+}
+
+/// The outcome of a call of one write from its verdict row (what [`run`]
+/// answers for it), for the shared writes that compute many at once.
+pub(crate) fn single_write(op: &Op, row: tokio_postgres::Row) -> Outcome {
+    let (result, lost) = settle(op, 0, verdict_json(op.key_str(), row));
+    if lost {
+        return Outcome { results: rolled_back(vec![result], std::slice::from_ref(op), 0), failed: Some(0) };
+    }
+    Outcome { results: vec![result], failed: None }
 }
 
 /// The results of a call stopped at `failed`: writes before it were
@@ -123,25 +141,28 @@ pub(crate) async fn stmt<C: GenericClient>(client: &C, sql: &str) -> Result<toki
     Ok(client.prepare_cached(sql).await?)
 }
 
+/// A write's verdict row (applied, reason, value, version, expires_at,
+/// updated_at) as the call's answer shows it.
+pub(crate) fn verdict_json(key: &str, r: tokio_postgres::Row) -> Value {
+    let mut m = Map::new();
+    m.insert("applied".into(), json!(r.get::<_, Option<bool>>(0).unwrap_or(false)));
+    if let Some(reason) = r.get::<_, Option<String>>(1) {
+        m.insert("reason".into(), json!(reason));
+    }
+    m.insert("key".into(), json!(key));
+    m.insert("value".into(), value_of(r.get(2)));
+    // A key that does not exist (after the operation, or when a refused
+    // one found it absent) is at version 0, the `expect` that means
+    // "must not exist" (issue 44 §4): never null.
+    m.insert("version".into(), json!(r.get::<_, Option<i64>>(3).unwrap_or(0)));
+    m.insert("expiresAt".into(), time(r.get(4)));
+    m.insert("updatedAt".into(), time(r.get(5)));
+    Value::Object(m)
+}
+
 /// One operation; reads take what they answer from `budget` (a read
 /// answers at least one row, so a call always moves forward).
 async fn apply<C: GenericClient>(client: &C, op: &Op, budget: &mut usize) -> Result<Value, DbError> {
-    let write_json = |key: &str, r: tokio_postgres::Row| -> Value {
-        let mut m = Map::new();
-        m.insert("applied".into(), json!(r.get::<_, Option<bool>>(0).unwrap_or(false)));
-        if let Some(reason) = r.get::<_, Option<String>>(1) {
-            m.insert("reason".into(), json!(reason));
-        }
-        m.insert("key".into(), json!(key));
-        m.insert("value".into(), value_of(r.get(2)));
-        // A key that does not exist (after the operation, or when a refused
-        // one found it absent) is at version 0, the `expect` that means
-        // "must not exist" (issue 44 §4): never null.
-        m.insert("version".into(), json!(r.get::<_, Option<i64>>(3).unwrap_or(0)));
-        m.insert("expiresAt".into(), time(r.get(4)));
-        m.insert("updatedAt".into(), time(r.get(5)));
-        Value::Object(m)
-    };
     Ok(match op {
         Op::Get { ns, key } => {
             let sql = stmt(client, &format!("SELECT key, value::text, version, expires_at, updated_at FROM queen.kv WHERE ns = $1 AND key = $2 AND {LIVE}")).await?;
@@ -204,20 +225,20 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, budget: &mut usize) -> Res
         }
         Op::Put { ns, key, value, ttl, expect, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_put_v1($1, $2, $3::text::jsonb, $4, $5)";
-            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, value, ttl, expect]).await?)
+            verdict_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, value, ttl, expect]).await?)
         }
         Op::Delete { ns, key, expect, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_delete_v1($1, $2, $3)";
-            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, expect]).await?)
+            verdict_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, expect]).await?)
         }
         Op::Check { ns, key, expect, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at FROM queen.kv_check_v1($1, $2, $3)";
-            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, expect]).await?)
+            verdict_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, expect]).await?)
         }
         Op::Incr { ns, key, delta, min, max, ttl, .. } => {
             let sql = "SELECT applied, reason, value::text, version, expires_at, updated_at
                        FROM queen.kv_incr_v1($1, $2, $3::text::numeric, $4::text::numeric, $5::text::numeric, $6)";
-            write_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, delta, min, max, ttl]).await?)
+            verdict_json(key, client.query_one(&stmt(client, sql).await?, &[ns, key, delta, min, max, ttl]).await?)
         }
     })
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
 
-use super::{run, run_call, KvLimits, Op, Outcome};
+use super::{run_call, KvLimits, Op, Outcome};
 use crate::db::share::{Share, Shared};
 use crate::db::DbError;
 
@@ -98,13 +98,46 @@ impl KvWriter {
         }
     }
 
-    /// Every call of the batch in one transaction, pipelined, in batch order.
+    /// Every call of the batch in one statement (`queen.kv_write_v1` once
+    /// per call, migration 0027), in batch order, committed as one.
     async fn together(&self, batch: &[Call]) -> Result<Vec<Outcome>, DbError> {
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        let runs = batch.iter().map(|c| run(&tx, std::slice::from_ref(&c.op), &self.limits));
-        let outcomes = futures_util::future::try_join_all(runs).await?;
-        tx.commit().await?;
-        Ok(outcomes)
+        let n = batch.len();
+        let (mut kinds, mut nss, mut keys, mut values) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut ttls, mut expects, mut deltas, mut mins, mut maxes) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for c in batch {
+            let (kind, value, ttl, expect, delta, min, max) = match &c.op {
+                Op::Put { value, ttl, expect, .. } => ("put", Some(value.as_str()), *ttl, *expect, None, None, None),
+                Op::Delete { expect, .. } => ("delete", None, None, *expect, None, None, None),
+                Op::Incr { delta, min, max, ttl, .. } => ("incr", None, *ttl, None, Some(delta.as_str()), min.as_deref(), max.as_deref()),
+                _ => return Err(DbError::Unexpected("a shared KV write holds a read".into())),
+            };
+            kinds.push(kind);
+            nss.push(c.op.ns());
+            keys.push(c.op.key_str());
+            values.push(value);
+            ttls.push(ttl);
+            expects.push(expect);
+            deltas.push(delta);
+            mins.push(min);
+            maxes.push(max);
+        }
+        let client = self.pool.get().await?;
+        let stmt = super::stmt(
+            &client,
+            "SELECT v.applied, v.reason, v.value::text, v.version, v.expires_at, v.updated_at
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[], $7::text[], $8::text[], $9::text[])
+                  WITH ORDINALITY AS c (op, ns, key, value, ttl, expect, delta, min, max, i)
+             CROSS JOIN LATERAL queen.kv_write_v1(c.op, c.ns, c.key, c.value::jsonb, c.ttl, c.expect,
+                                                  c.delta::numeric, c.min::numeric, c.max::numeric) v
+             ORDER BY c.i",
+        )
+        .await?;
+        // One statement is one transaction: every call's write commits together.
+        let rows = client.query(&stmt, &[&kinds, &nss, &keys, &values, &ttls, &expects, &deltas, &mins, &maxes]).await?;
+        if rows.len() != n {
+            return Err(DbError::Unexpected(format!("a shared KV write answered {} verdicts for {n} calls", rows.len())));
+        }
+        Ok(batch.iter().zip(rows).map(|(c, row)| super::single_write(&c.op, row)).collect())
     }
 }
