@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Bounded fuzzing (cargo fuzz, libFuzzer) of the frame codec and the QPB1/QTB1
-# parsers, from the seed corpus in fuzz/corpus. SECONDS_PER_TARGET (default
+# Bounded fuzzing (cargo fuzz, libFuzzer) of the frame codec, the QPB1/QTB1
+# parsers and the Kafka record batches, from the seed corpus in fuzz/corpus.
+# SECONDS_PER_TARGET (default
 # 60) each. A crash fails the run and leaves its input in
 # fuzz/artifacts/<target>/: turn it into a regression test in src/log.
 #
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 SECS=${SECONDS_PER_TARGET:-60}
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked -q
 export RUSTC_BOOTSTRAP=1
-for target in frame_codec qpb1 qtb1; do
+for target in frame_codec qpb1 qtb1 kafka_batch; do
     mkdir -p "fuzz/corpus-work/$target"
     echo "== fuzzing $target for ${SECS}s"
     cargo fuzz run --sanitizer none "$target" "fuzz/corpus-work/$target" "fuzz/corpus/$target" -- \

@@ -96,6 +96,9 @@ where
             tracing::warn!(%peer, len, max, "kafka frame length refused; closing the connection");
             return;
         }
+        // The frame's share of the broker-wide budget, held until it is answered.
+        let kib = (len as usize).div_ceil(1024).clamp(1, super::FRAME_BUDGET_KIB) as u32;
+        let Ok(_held) = kafka.frames.acquire_many(kib).await else { return };
         let mut frame = vec![0u8; len as usize];
         if read.read_exact(&mut frame).await.is_err() {
             return;

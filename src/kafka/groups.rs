@@ -39,10 +39,11 @@ use super::codes::*;
 /// Session timeouts a member may ask for (Kafka's broker defaults).
 const SESSION_MIN: Duration = Duration::from_millis(6_000);
 const SESSION_MAX: Duration = Duration::from_millis(1_800_000);
-/// Most groups and members a broker coordinates; past that a join is
-/// refused rather than grow memory without bound.
+/// Most groups, and most members (and ids handed out but not yet used)
+/// over all of them, a broker coordinates; past that a join is refused
+/// rather than grow memory without bound.
 const MAX_GROUPS: usize = 100_000;
-const MAX_MEMBERS: usize = 10_000;
+const MAX_MEMBERS: usize = 100_000;
 /// An id handed out with MEMBER_ID_REQUIRED must come back within this.
 const PENDING_TTL: Duration = Duration::from_secs(300);
 
@@ -209,6 +210,7 @@ impl Coordinator {
             if !groups.contains_key(&req.group) && groups.len() >= MAX_GROUPS {
                 return Joined::error(REBALANCE_IN_PROGRESS, &req.member_id);
             }
+            let members_everywhere: usize = groups.values().map(|g| g.members.len() + g.pending.len()).sum();
             let g = groups.entry(req.group.clone()).or_insert_with(Group::new);
             let now = Instant::now();
             g.pending.retain(|_, at| now.duration_since(*at) < PENDING_TTL);
@@ -221,7 +223,7 @@ impl Coordinator {
             let member_id = if req.member_id.is_empty() {
                 let id = format!("{}-{}", req.client_id, uuid::Uuid::new_v4());
                 if req.require_known_id {
-                    if g.pending.len() >= MAX_MEMBERS {
+                    if members_everywhere >= MAX_MEMBERS {
                         return Joined::error(REBALANCE_IN_PROGRESS, "");
                     }
                     g.pending.insert(id.clone(), now);
@@ -233,7 +235,7 @@ impl Coordinator {
             } else {
                 return Joined::error(UNKNOWN_MEMBER_ID, &req.member_id);
             };
-            if !g.members.contains_key(&member_id) && g.members.len() >= MAX_MEMBERS {
+            if !g.members.contains_key(&member_id) && members_everywhere >= MAX_MEMBERS {
                 return Joined::error(REBALANCE_IN_PROGRESS, &member_id);
             }
             let (tx, rx) = oneshot::channel();

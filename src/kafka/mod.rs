@@ -46,6 +46,10 @@ use crate::http::AppState;
 
 /// Most Kafka connections served at once; one more waits for a slot.
 const MAX_CONNECTIONS: usize = 10_000;
+/// Request frames all connections together may hold in memory at once, in
+/// KiB: a frame is read only once its size fits, so many large requests
+/// wait instead of growing the broker past this.
+const FRAME_BUDGET_KIB: usize = 1 << 20;
 
 /// What every connection shares: the broker's state, this node's advertised
 /// address, and the group coordinator.
@@ -57,6 +61,8 @@ pub struct Kafka {
     pub groups: Arc<groups::Coordinator>,
     /// Idempotent producers' sequence windows.
     pub producers: idempotence::Producers,
+    /// The frame bytes all connections may hold at once ([`FRAME_BUDGET_KIB`]).
+    pub frames: Arc<Semaphore>,
 }
 
 /// A bound Kafka port, and its TLS acceptor when it speaks TLS.
@@ -135,7 +141,7 @@ pub async fn spawn(state: AppState, listener: Listener, shutdown: broadcast::Sen
     let nodes = nodes::Nodes::alone(host, port);
     nodes.start(state.pool.clone(), shutdown.subscribe()).await;
     tracing::info!(%local, %advertised, node = nodes.me().id, tls = tls.is_some(), "kafka listening on {local}");
-    let kafka = Arc::new(Kafka { state, config: cfg, nodes, groups, producers: Default::default() });
+    let kafka = Arc::new(Kafka { state, config: cfg, nodes, groups, producers: Default::default(), frames: Arc::new(Semaphore::new(FRAME_BUDGET_KIB)) });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut stop = shutdown.subscribe();
     tokio::spawn(async move {
