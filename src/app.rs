@@ -148,7 +148,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     let coalescer = Coalescer::new(store.pool.clone(), config.coalesce.clone(), encryption.clone());
     let registry = Arc::new(AckRegistry::new(config.ack_registry_bytes));
     let pop = PopService::new(store.pool.clone(), config.pop.clone(), config.pool_size, config.pool_wait, registry.clone(), encryption.clone());
-    let ack = Arc::new(AckService::new(store.pool.clone(), registry, config.ack_writers));
+    let ack = Arc::new(AckService::new(store.pool.clone(), registry, config.ack_writers, pop.handover.clone()));
     let (stop_services, _) = broadcast::channel(1);
     pop.wake.spawn_ticker(stop_services.subscribe());
     pop.spawn_wheel(stop_services.subscribe());

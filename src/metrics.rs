@@ -39,6 +39,9 @@ pub const ACK_GROUPS: &str = "queen_ack_groups_total";
 /// Ack requests that were applied in a commit shared with others
 /// (`ack::share`); a lone request is not counted.
 pub const ACK_SHARED_REQUESTS: &str = "queen_ack_shared_requests_total";
+/// Partitions an ack leased on to a parked pop of its group in its own
+/// update, instead of releasing them for a claim (`pop::handover`).
+pub const POP_HANDOVERS: &str = "queen_pop_handovers_total";
 /// Single-write KV calls that were applied in a commit shared with others
 /// (`kv::share`).
 pub const KV_SHARED_CALLS: &str = "queen_kv_shared_calls_total";

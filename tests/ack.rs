@@ -788,3 +788,96 @@ async fn a_nack_whose_error_holds_a_nul_is_refused_and_changes_nothing() {
     let (committed, _, retries) = b.cursor(&pid, "__QUEUE_MODE__").await;
     assert_eq!((committed, retries), (-1, 0));
 }
+
+/// The lease handover (`pop::handover`, migration 0028): an ack that ends a
+/// lease while a pop of the group is parked on the broker leases the next
+/// message to that pop in its own update. The parked pop is answered with
+/// the next message under a lease of its own, the old lease is fenced off,
+/// the other parked pops are not woken to race for it, and the new lease
+/// commits like any other.
+#[tokio::test]
+async fn an_ack_hands_the_partition_to_a_parked_pop_under_its_own_lease() {
+    let b = Broker::start().await;
+    let items: Vec<Value> = (0..3).map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let first = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("t0");
+    assert_eq!(first["messages"][0]["transactionId"], "t0");
+    let (l0, pid) = (first["leaseId"].as_str().unwrap().to_string(), first["partitionId"].as_str().unwrap().to_string());
+    let handovers = || async { common::sample(&b.prometheus().await, "queen_pop_handovers_total").unwrap_or(0.0) };
+    assert_eq!(handovers().await, 0.0);
+    // Two pops park: the partition is leased. One of them is served.
+    let parked = |b: &Broker| {
+        let (http, url) = (b.http.clone(), format!("{}/api/v1/pop/queue/q?batch=1&wait=true&timeout=4000", b.url));
+        tokio::spawn(async move {
+            let bytes = http.get(url).send().await.unwrap().bytes().await.unwrap();
+            common::Popped { status: 200, body: (!bytes.is_empty()).then(|| serde_json::from_slice(&bytes).unwrap()), content_length: None }
+        })
+    };
+    let waiting = parked(&b);
+    b.until_parked(1).await;
+    let second = parked(&b);
+    b.until_parked(2).await;
+    let started = std::time::Instant::now();
+    let r = b.ack_batch(None, &[("t0", &pid, "completed", Some(&l0))]).await;
+    assert_eq!((outcome(&r[0]), r[0]["leaseReleased"].as_bool()), ((true, None), Some(true)), "{r:?}");
+    let (handed, second) = match futures_util::future::select(waiting, second).await {
+        futures_util::future::Either::Left((handed, other)) => (handed, other),
+        futures_util::future::Either::Right((handed, other)) => (handed, other),
+    };
+    let handed = handed.unwrap().body.expect("a parked pop is answered with t1");
+    assert!(started.elapsed() < Duration::from_secs(3), "answered by the ack, not at its deadline");
+    assert_eq!(handed["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(handed["messages"][0]["transactionId"], "t1");
+    assert_eq!(handed["messages"][0]["data"], 1);
+    let l1 = handed["leaseId"].as_str().unwrap().to_string();
+    assert_ne!(l1, l0);
+    assert_eq!(handovers().await, 1.0);
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await, (0, Some(l1.clone()), 0), "t0 committed, t1 leased to the parked pop");
+    // The old lease is over; the second pop still waits (not woken to race).
+    let r = b.ack_batch(None, &[("t1", &pid, "completed", Some(&l0))]).await;
+    assert_eq!(outcome(&r[0]), (false, Some("invalid or expired lease")), "{r:?}");
+    assert_eq!(b.parked().await, 1, "the other pop stays parked");
+    // The new lease commits; it hands t2 on to the second pop.
+    let r = b.ack_batch(None, &[("t1", &pid, "completed", Some(&l1))]).await;
+    assert_eq!(outcome(&r[0]), (true, None), "{r:?}");
+    let last = second.await.unwrap().body.expect("t2 for the other pop");
+    assert_eq!(last["messages"][0]["transactionId"], "t2");
+    let l2 = last["leaseId"].as_str().unwrap().to_string();
+    assert_eq!(handovers().await, 2.0);
+    // With nothing after t2 the ack releases as it always did.
+    let r = b.ack_batch(None, &[("t2", &pid, "completed", Some(&l2))]).await;
+    assert_eq!((outcome(&r[0]), r[0]["leaseReleased"].as_bool()), ((true, None), Some(true)), "{r:?}");
+    assert_eq!(b.cursor(&pid, "__QUEUE_MODE__").await, (2, None, 0));
+    assert_eq!(handovers().await, 2.0);
+}
+
+/// A queue whose messages a visibility option holds back is never handed
+/// over: the ack releases the lease and the parked pop claims by the rules
+/// (delayedProcessing: t1, pushed an hour "ago", is visible and claimed; t2,
+/// just pushed, stays hidden).
+#[tokio::test]
+async fn a_delayed_queue_is_not_handed_over() {
+    let b = Broker::start().await;
+    assert_eq!(b.post("/api/v1/configure", json!({"queue": "q", "options": {"delayedProcessing": 30}})).await.0, 200);
+    let items: Vec<Value> = (0..2).map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    b.sql().await.execute("UPDATE queen.segments SET created_at = created_at - interval '1 hour'", &[]).await.unwrap();
+    assert_eq!(b.post("/api/v1/push", json!({"items": [{"queue": "q", "partition": "p", "payload": 2, "transactionId": "t2"}]})).await.0, 201);
+    let first = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("t0");
+    assert_eq!(first["messages"][0]["transactionId"], "t0");
+    let (l0, pid) = (first["leaseId"].as_str().unwrap().to_string(), first["partitionId"].as_str().unwrap().to_string());
+    let parked = b.pop("/api/v1/pop/queue/q?batch=1&wait=true&timeout=4000");
+    let ack = async {
+        b.until_parked(1).await;
+        b.ack_batch(None, &[("t0", &pid, "completed", Some(&l0))]).await
+    };
+    let (popped, r) = tokio::join!(parked, ack);
+    assert_eq!(outcome(&r[0]), (true, None));
+    let body = popped.body.expect("t1, claimed after the release");
+    assert_eq!(body["messages"][0]["transactionId"], "t1");
+    assert_eq!(body["messages"].as_array().unwrap().len(), 1);
+    assert_eq!(common::sample(&b.prometheus().await, "queen_pop_handovers_total").unwrap_or(0.0), 0.0, "released, not handed over");
+    let r = b.ack_batch(None, &[("t1", &pid, "completed", Some(body["leaseId"].as_str().unwrap()))]).await;
+    assert_eq!(outcome(&r[0]), (true, None));
+    assert_eq!(b.pop("/api/v1/pop/queue/q?batch=1").await.body, None, "t2 is still delayed");
+}

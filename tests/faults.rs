@@ -57,11 +57,18 @@ async fn ten_kills_lose_nothing_that_was_acknowledged() {
     }
     // Consumers: two take batches of 20 over two partitions, four take one
     // message at a time (the clients' default), so that acks of different
-    // consumers share commits (ack::share) when the broker is killed.
+    // consumers share commits (ack::share) when the broker is killed, and
+    // eight more long-poll one message at a time: with more workers than
+    // partitions some are parked, and acks hand partitions to them
+    // (pop::handover) while the broker is killed.
     let committed_acks: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-    for consumer in 0..6 {
+    for consumer in 0..14 {
         let (stop, http, url, committed_acks) = (stop.clone(), http.clone(), url.clone(), committed_acks.clone());
-        let pop = if consumer < 2 { "batch=20&partitions=2" } else { "batch=1" };
+        let pop = match consumer {
+            0..2 => "batch=20&partitions=2",
+            2..6 => "batch=1",
+            _ => "batch=1&wait=true&timeout=300",
+        };
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let Ok(r) = http.get(format!("{url}/api/v1/pop/queue/crash?{pop}&consumerGroup=workers&leaseSeconds=2")).send().await else {
@@ -115,13 +122,17 @@ async fn ten_kills_lose_nothing_that_was_acknowledged() {
         }));
     }
     let mut seed = 0x9e3779b97f4a7c15u64;
+    let mut handovers = 0.0;
     for _ in 0..10 {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         tokio::time::sleep(Duration::from_millis(300 + seed % 500)).await;
+        handovers += common::sample(&broker.prometheus().await, "queen_pop_handovers_total").unwrap_or(0.0);
         broker.restart().await; // SIGKILL, then a fresh process on the same port and database
     }
+    assert!(handovers > 0.0, "no ack handed a partition to a parked pop: the kills never met a handover");
+    eprintln!("{handovers} handovers across 10 kills");
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::SeqCst);
     for t in tasks {

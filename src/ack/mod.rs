@@ -33,6 +33,9 @@ use uuid::Uuid;
 use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::log::legacy_index_hash;
+use crate::pop::claim::{ClaimResult, ClaimedPartition, SegmentSlice};
+use crate::pop::frames::Decoded;
+use crate::pop::handover::{Handover, Waiter};
 use crate::registry::{self, AckRegistry};
 
 /// What an ack says about its message, normalized.
@@ -132,7 +135,9 @@ const DEADLOCK_ATTEMPTS: u32 = 3;
 /// Plain groups go here even one at a time: ack_v2 walks its items in
 /// PL/pgSQL and answers a row each (1.26 ms of PostgreSQL for one partition's
 /// 500 acks, docs/PERFORMANCE.md, stop 13), where this is one update per group.
-const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v1($1, $2, $3, $4, $5, $6)";
+/// With the lease handover's arrays (migration 0028, `pop::handover`).
+const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const RETURN_SQL: &str = "SELECT queen.lease_return_v1($1, $2, $3)";
 const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
@@ -172,12 +177,23 @@ pub struct AckService {
     pool: Pool,
     pub registry: Arc<AckRegistry>,
     share: Arc<crate::db::share::Share<share::Request>>,
+    /// Parked pops an ack that ends a lease may hand the partition to.
+    handover: Arc<Handover>,
+}
+
+/// A claim an ack made for a parked pop, delivered after the commit.
+struct Handed {
+    waiter: Waiter,
+    queue: String,
+    group: String,
+    pid: i64,
+    claimed: ClaimResult,
 }
 
 impl AckService {
     /// `writers`: most shared ack writes in flight (`QUEEN_ACK_GROUP_WRITERS`).
-    pub fn new(pool: Pool, registry: Arc<AckRegistry>, writers: usize) -> AckService {
-        AckService { pool, registry, share: Arc::new(crate::db::share::Share::new(writers, share::MAX_ITEMS)) }
+    pub fn new(pool: Pool, registry: Arc<AckRegistry>, writers: usize, handover: Arc<Handover>) -> AckService {
+        AckService { pool, registry, share: Arc::new(crate::db::share::Share::new(writers, share::MAX_ITEMS)), handover }
     }
 
     /// Applies acknowledgements now, on a connection of its own (requests
@@ -211,7 +227,13 @@ impl AckService {
             items.iter().all(|i| Some(i.partition_id.as_str()) == first)
         };
         if bare {
-            return self.ack_on(&client, items, Fence::BelowCursorIsNoop).await;
+            // Every statement commits on its own here: a claim an ack made
+            // for a parked pop is durable when the call returns.
+            let mut handed = Vec::new();
+            let done = self.ack_with(&client, items, Fence::BelowCursorIsNoop, Some(&mut handed)).await;
+            drop(client);
+            self.deliver(handed);
+            return done;
         }
         let mut attempt = 1;
         loop {
@@ -236,6 +258,44 @@ impl AckService {
         client: &impl deadpool_postgres::GenericClient,
         items: &[AckItem],
         fence: Fence,
+    ) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
+        self.ack_with(client, items, fence, None).await
+    }
+
+    /// Gives each handed claim to its pop; a pop that is gone gets its lease
+    /// returned at once, so the messages wait for no lease time.
+    fn deliver(&self, handed: Vec<Handed>) {
+        for Handed { waiter, queue, group, pid, claimed } in handed {
+            let lease = waiter.lease_id.clone();
+            if waiter.deliver(claimed).is_ok() {
+                metrics::counter!(crate::metrics::POP_HANDOVERS).increment(1);
+                continue;
+            }
+            let (pool, handover) = (self.pool.clone(), self.handover.clone());
+            tokio::spawn(async move {
+                let back = async {
+                    let client = pool.get().await?;
+                    let stmt = client.prepare_cached(RETURN_SQL).await?;
+                    Ok::<bool, DbError>(client.query_one(&stmt, &[&pid, &group, &lease]).await?.get(0))
+                };
+                match back.await {
+                    Ok(_) => handover.returned(&queue),
+                    Err(e) => tracing::warn!(partition_id = pid, error = %e,
+                                             "a handed lease whose pop was gone could not be returned; it lapses at its expiry"),
+                }
+            });
+        }
+    }
+
+    /// [`AckService::ack_on`], handing partitions to parked pops when
+    /// `hand` collects the claims (only where each statement commits on its
+    /// own: the caller delivers them after the commit).
+    async fn ack_with(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        items: &[AckItem],
+        fence: Fence,
+        hand: Option<&mut Vec<Handed>>,
     ) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
         let mut outcomes: Vec<Option<AckOutcome>> = vec![None; items.len()];
         let mut released = Vec::new();
@@ -267,7 +327,7 @@ impl AckService {
         // plain one it did not apply) goes through ack_v2, all at once:
         // pipelined on the connection, sent in partition order, one round
         // trip instead of one per partition.
-        let mut plain = self.apply_plain(client, &resolved, items).await?;
+        let mut plain = self.apply_plain(client, &resolved, items, hand).await?;
         let full: Vec<&AckGroup> =
             resolved.iter().enumerate().filter(|(k, _)| !plain.contains_key(k)).map(|(_, g)| g).collect();
         metrics::counter!(crate::metrics::ACK_GROUPS, "path" => "bulk").increment(plain.len() as u64);
@@ -275,8 +335,10 @@ impl AckService {
         let mut applied =
             futures_util::future::try_join_all(full.into_iter().map(|g| self.apply(client, g, items, fence))).await?.into_iter();
         for (k, AckGroup { pid, lease, idxs, .. }) in resolved.into_iter().enumerate() {
+            let mut handed = false;
             let (lease_released, queue) = match plain.remove(&k) {
-                Some((lease_released, queue)) => {
+                Some((lease_released, queue, to_pop)) => {
+                    handed = to_pop;
                     for &i in &idxs {
                         let o = AckOutcome {
                             index: i,
@@ -321,7 +383,11 @@ impl AckService {
                 if !lease.is_empty() {
                     self.registry.release(&lease, pid);
                 }
-                released.push(Released { lease_id: lease, partition_id: pid, queue });
+                // A partition handed to a parked pop has nothing for the
+                // others: waking them would only send them to find it busy.
+                if !handed {
+                    released.push(Released { lease_id: lease, partition_id: pid, queue });
+                }
             }
         }
         Ok((outcomes.into_iter().map(|o| o.expect("every ack has an outcome")).collect(), released))
@@ -335,12 +401,19 @@ impl AckService {
     /// in partition order and so are the call's arrays: the call locks the
     /// cursor rows in the order it is given them (0004_ack.sql). The queue
     /// names the registry knew spare the call a lookup per group.
+    ///
+    /// With `hand`, each group whose queue has a pop parked here takes one
+    /// (`pop::handover`) and the call may lease the partition's next
+    /// messages to it in the same update; the claims go to `hand`, the pops
+    /// it did not use back to their place. The third value says a group's
+    /// partition was handed over.
     async fn apply_plain(
         &self,
         client: &impl deadpool_postgres::GenericClient,
         groups: &[AckGroup],
         items: &[AckItem],
-    ) -> Result<HashMap<usize, (bool, Option<String>)>, DbError> {
+        mut hand: Option<&mut Vec<Handed>>,
+    ) -> Result<HashMap<usize, (bool, Option<String>, bool)>, DbError> {
         let mut by_group: HashMap<&str, Vec<usize>> = HashMap::new();
         for (k, g) in groups.iter().enumerate() {
             let plain = !g.lease.is_empty()
@@ -360,13 +433,82 @@ impl AckService {
             };
             let (lows, highs): (Vec<i64>, Vec<i64>) = ks.iter().map(|&k| span(k)).unzip();
             let queues: Vec<Option<&str>> = ks.iter().map(|&k| groups[k].queue.as_deref()).collect();
+            let mut waiters: Vec<Option<Waiter>> = ks
+                .iter()
+                .map(|&k| match (&hand, groups[k].queue.as_deref()) {
+                    (Some(_), Some(queue)) => self.handover.take(queue, group),
+                    _ => None,
+                })
+                .collect();
+            let next_leases: Vec<Option<&str>> = waiters.iter().map(|w| w.as_ref().map(|w| w.lease_id.as_str())).collect();
+            let next_seconds: Vec<i32> = waiters.iter().map(|w| w.as_ref().map_or(0, |w| w.lease_seconds)).collect();
+            let next_batch: Vec<i32> = waiters.iter().map(|w| w.as_ref().map_or(0, |w| w.batch)).collect();
+            // The segment of the next message, when this broker holds it
+            // decompressed: PostgreSQL need not ship it.
+            let cached: Vec<Option<(i64, Arc<Decoded>)>> = waiters
+                .iter()
+                .zip(&pids)
+                .zip(&highs)
+                .map(|((w, &pid), &hi)| w.as_ref().and_then(|_| self.handover.frames.covering(pid, hi + 1)))
+                .collect();
+            let cached_base: Vec<Option<i64>> = cached.iter().map(|c| c.as_ref().map(|(base, _)| *base)).collect();
             let stmt = client.prepare_cached(PLAIN_SQL).await?;
-            for row in client.query(&stmt, &[&group, &pids, &leases, &lows, &highs, &queues]).await? {
+            let args: [&(dyn ToSql + Sync); 10] =
+                [&group, &pids, &leases, &lows, &highs, &queues, &next_leases, &next_seconds, &next_batch, &cached_base];
+            let rows = client.query(&stmt, &args).await?;
+            drop(next_leases);
+            for row in rows {
                 let ord = row.get::<_, i32>(0) as usize;
+                let i = ord.wrapping_sub(1);
                 let k = *ks
-                    .get(ord.wrapping_sub(1))
-                    .ok_or_else(|| DbError::Unexpected("ack_completed_many_v1 named a group it was not given".into()))?;
-                done.insert(k, (row.get(1), row.get(2)));
+                    .get(i)
+                    .ok_or_else(|| DbError::Unexpected("ack_completed_many_v2 named a group it was not given".into()))?;
+                let queue: Option<String> = row.get(2);
+                let first: Option<i64> = row.get(3);
+                let to_pop = match (first, waiters[i].take(), hand.as_deref_mut(), queue.as_ref()) {
+                    (Some(first), Some(waiter), Some(hand), Some(q)) => {
+                        let base: i64 = row.get(6);
+                        let blob: Option<Vec<u8>> = row.get(9);
+                        let decoded = match (&blob, &cached[i]) {
+                            (None, Some((b, d))) if *b == base => Some(d.clone()),
+                            _ => None,
+                        };
+                        let segment = SegmentSlice {
+                            base_offset: base,
+                            start_idx: (first - base) as usize,
+                            take: (row.get::<_, i64>(4) - first + 1) as usize,
+                            msg_count: row.get::<_, i32>(7) as usize,
+                            created_at: row.get(8),
+                            blob: blob.unwrap_or_default(),
+                            decoded,
+                        };
+                        let claimed = ClaimedPartition {
+                            partition_id: groups[k].pid,
+                            partition: row.get(5),
+                            queue: q.clone(),
+                            first,
+                            last: row.get(4),
+                            attempt: 1,
+                            segments: vec![segment],
+                        };
+                        let claimed = ClaimResult { claimed: vec![claimed], ..ClaimResult::default() };
+                        hand.push(Handed { waiter, queue: q.clone(), group: group.to_string(), pid: groups[k].pid, claimed });
+                        true
+                    }
+                    (_, waiter, _, _) => {
+                        if let (Some(w), Some(q)) = (waiter, groups[k].queue.as_deref()) {
+                            self.handover.put_back(q, group, w);
+                        }
+                        false
+                    }
+                };
+                done.insert(k, (row.get(1), queue, to_pop));
+            }
+            // Pops whose group the call left out (ack_v2 answers it) go back too.
+            for (i, w) in waiters.into_iter().enumerate().rev() {
+                if let (Some(w), Some(q)) = (w, groups[ks[i]].queue.as_deref()) {
+                    self.handover.put_back(q, group, w);
+                }
             }
         }
         Ok(done)

@@ -61,6 +61,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(25, "0025_dedup_key.sql"),
     migration!(26, "0026_kafka_topics.sql"),
     migration!(27, "0027_kv_shared_writes.sql"),
+    migration!(28, "0028_ack_handover.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -188,8 +189,12 @@ mod tests {
         // Called only by brokers of the previous version during a rolling
         // upgrade (0022_push_function_names.sql keeps them as wrappers;
         // 0023_lock_subjects.sql keeps the subject-less lock functions,
-        // 0024_sealed_timers.sql the schedule that cannot seal).
-        live.extend(["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1"].map(String::from));
+        // 0024_sealed_timers.sql the schedule that cannot seal,
+        // 0028_ack_handover.sql the plain ack without the handover).
+        live.extend(
+            ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1"]
+                .map(String::from),
+        );
         let mut i = 0;
         while i < live.len() {
             let body = &defined[&live[i]];

@@ -21,7 +21,11 @@ pub struct SegmentSlice {
     /// Frames in the whole stored segment.
     pub msg_count: usize,
     pub created_at: DateTime<Utc>,
+    /// The stored blob; empty when PostgreSQL was told the broker holds the
+    /// segment decompressed (`decoded`).
     pub blob: Vec<u8>,
+    /// The segment's frames from the broker's cache (`pop::frames`).
+    pub decoded: Option<std::sync::Arc<super::frames::Decoded>>,
 }
 
 /// Everything one call took from one partition.
@@ -288,6 +292,7 @@ fn assemble(rows: Vec<Row>) -> ClaimResult {
                     msg_count: row.get::<_, i32>("o_msg_count") as usize,
                     created_at: row.get("o_created_at"),
                     blob: row.get("o_blob"),
+                    decoded: None,
                 });
                 continue;
             }

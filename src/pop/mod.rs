@@ -9,6 +9,8 @@
 //! it parks on the queue's wake gate.
 
 pub mod claim;
+pub mod frames;
+pub mod handover;
 pub mod hotlist;
 pub mod min_wait;
 pub mod params;
@@ -92,6 +94,8 @@ pub struct PopService {
     pool_wait: Duration,
     pub hotlist: Arc<HotList>,
     pub wake: Arc<WakeGates>,
+    /// Parked pops an ack may hand its partition to (`pop::handover`).
+    pub handover: Arc<handover::Handover>,
     pub settings: Arc<settings::QueueSettings>,
     /// Revisits of partitions a visibility option hides (`pop::wheel`).
     pub wheel: Arc<wheel::Wheel>,
@@ -123,12 +127,15 @@ impl PopService {
             (pool_size * 3 / 4).max(1),
             cfg.adaptive_permits,
         );
+        let wake = Arc::new(WakeGates::default());
+        let handover = Arc::new(handover::Handover::new(wake.clone(), cfg.frame_cache_bytes));
         Arc::new(PopService {
             pool,
             hotlist: HotList::new(cfg.hotlist_reseed),
             cfg,
             pool_wait,
-            wake: Arc::new(WakeGates::default()),
+            handover,
+            wake,
             settings: Arc::new(settings::QueueSettings::default()),
             wheel: Arc::new(wheel::Wheel::default()),
             registry,
@@ -203,8 +210,11 @@ impl PopService {
         let mut attempt = 0u32;
         let mut closing = self.closing.subscribe();
         let mut held = false;
+        // A claim an ack made for this pop while it was parked (`handover`).
+        let mut handed: Option<ClaimResult> = None;
+        let mut first = true;
         loop {
-            if let (Route::Wildcard { queue }, false) = (route, held) {
+            if let (Route::Wildcard { queue }, false, None) = (route, held, &handed) {
                 if p.wait && p.batch > 1 {
                     if let Some(window) = self.settings.min_pop_wait(queue) {
                         let pending = || self.pending(queue, &p.group, p.batch);
@@ -220,7 +230,15 @@ impl PopService {
             // Boxed: the claim path's state is most of this future's size,
             // and a parked pop (10,000 of them on an idle broker) should not
             // carry it while it sleeps.
-            let (result, ring_idle) = Box::pin(self.attempt(route, p, &lease_id)).await?;
+            let (result, ring_idle) = match handed.take() {
+                Some(claimed) => (claimed, false),
+                // Pops of this group already wait here for an ack to hand
+                // them a partition: a new one joins the line first (its
+                // claim would find the partitions they found leased).
+                None if first && self.joins_the_line(route, p) => (ClaimResult::default(), false),
+                None => Box::pin(self.attempt(route, p, &lease_id)).await?,
+            };
+            first = false;
             for h in &result.hidden {
                 self.wheel.deferred(&h.queue, h.partition_id, &h.partition, h.visible_at);
             }
@@ -235,7 +253,7 @@ impl PopService {
                     self.count_delivery(&result);
                     return Ok(Some((body, true)));
                 }
-            } else if let Some(rendered) = match render::render(&result.claimed, top_queue, &lease_id, p, ring) {
+            } else if let Some(rendered) = match render::render(&result.claimed, top_queue, &lease_id, p, ring, &self.handover.frames) {
                 Ok(r) => r,
                 Err(e) => {
                     if let PopError::Decrypt(d) = &e {
@@ -272,13 +290,63 @@ impl PopService {
                 _ => wake::backoff_interval(attempt, &self.cfg),
             }
             .min(deadline - now);
+            // In the handover line before it counts as parked.
+            let mut ticket = self.handover_ticket(route, p, &lease_id);
             let _parked = Parked::new(&self.telemetry);
-            tokio::select! {
-                _ = &mut woken => attempt = 0,
-                _ = tokio::time::sleep(pause) => attempt += 1,
-                _ = closing.changed() => return Ok(None),
+            let answer = async {
+                match ticket.as_mut() {
+                    Some(t) => (&mut t.answer).await.ok(),
+                    None => std::future::pending().await,
+                }
+            };
+            let closed = tokio::select! {
+                claimed = answer => {
+                    handed = claimed;
+                    attempt = 0;
+                    false
+                }
+                _ = &mut woken => {
+                    attempt = 0;
+                    false
+                }
+                _ = tokio::time::sleep(pause) => {
+                    attempt += 1;
+                    false
+                }
+                _ = closing.changed() => true,
+            };
+            if handed.is_none() {
+                if let Some(t) = ticket {
+                    // Taken by an ack in flight: its claim is ours to answer.
+                    handed = t.leave().await;
+                }
+            }
+            if closed && handed.is_none() {
+                return Ok(None);
             }
         }
+    }
+
+    fn joins_the_line(&self, route: &Route, p: &PopParams) -> bool {
+        match route {
+            Route::Wildcard { queue } => self.handover_suits(queue, p) && self.handover.queued(queue, &p.group),
+            _ => false,
+        }
+    }
+
+    fn handover_suits(&self, queue: &str, p: &PopParams) -> bool {
+        !p.auto_ack && p.wait && !self.settings.get(queue).is_some_and(|t| !t.window.is_zero() || !t.delayed.is_zero())
+    }
+
+    /// A place in the handover queue for a parked pop that an ack's claim
+    /// would suit (`handover`): a leased wildcard pop of a queue whose
+    /// messages no visibility option holds back.
+    fn handover_ticket(&self, route: &Route, p: &PopParams, lease_id: &str) -> Option<handover::Ticket<'_>> {
+        let Route::Wildcard { queue } = route else { return None };
+        if !self.handover_suits(queue, p) {
+            return None;
+        }
+        Some(self.handover.park(queue, &p.group, lease_id, p.lease_seconds.unwrap_or(0), p.batch))
     }
 
     /// An autoAck claim commits its cursors in PostgreSQL before the broker

@@ -4,9 +4,10 @@
 
 use std::io::Write;
 
-use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
+use crate::log::FrameReader;
 
 use super::claim::ClaimedPartition;
+use super::frames::FrameCache;
 use crate::json::string as json_str;
 use super::params::PopParams;
 
@@ -83,13 +84,16 @@ pub struct LeasedBatch<'a> {
 }
 
 /// Renders the 200 body; `None` when nothing was delivered. Encrypted
-/// payloads are opened with `ring`.
+/// payloads are opened with `ring`. A segment delivered only in part stays
+/// decompressed in `cache` for the pop that takes its next message; the pop
+/// that takes its last one drops it.
 pub fn render<'a>(
     claimed: &'a [ClaimedPartition],
     top_queue: &str,
     lease_id: &str,
     p: &PopParams,
     ring: Option<&crate::crypto::KeyRing>,
+    cache: &FrameCache,
 ) -> Result<Option<Rendered<'a>>, super::PopError> {
     let Some(first) = claimed.first() else { return Ok(None) };
     let mut batches = Vec::new();
@@ -116,10 +120,19 @@ pub fn render<'a>(
         let mut batch = Vec::new();
         for seg in &c.segments {
             let corrupt = |detail: String| CorruptSegment { partition_id: c.partition_id, base_offset: seg.base_offset, detail };
-            let frames = decompress_frames(&seg.blob, SEGMENT_LIMIT).map_err(|e| corrupt(e.to_string()))?;
+            let rest = seg.start_idx + seg.take < seg.msg_count;
+            let decoded = match &seg.decoded {
+                Some(d) => d.clone(),
+                None => cache.frames(c.partition_id, seg.base_offset, seg.msg_count, &seg.blob, rest).map_err(corrupt)?,
+            };
+            if !rest && seg.start_idx > 0 {
+                // The segment's last message: its reader moves on. (A whole
+                // segment in one pop was never cached for this reader.)
+                cache.done(c.partition_id, seg.base_offset);
+            }
             let created = format!(",\"createdAt\":\"{}\"", seg.created_at.format("%Y-%m-%dT%H:%M:%S%.6fZ"));
             let mut taken = 0;
-            for frame in FrameReader::new(&frames).skip(seg.start_idx).take(seg.take) {
+            for frame in FrameReader::new(decoded.from(seg.start_idx)).take(seg.take) {
                 let f = frame.map_err(|e| corrupt(e.to_string()))?;
                 if any {
                     out.push(b',');
