@@ -29,7 +29,7 @@
 //! inside one segment, at most the pop's batch.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -60,6 +60,9 @@ pub struct Waiter {
     pub lease_seconds: i32,
     pub batch: i32,
     reply: oneshot::Sender<ClaimResult>,
+    /// Set by the pop when it stops waiting: an ack that holds it then must
+    /// not put it back in line (the pop would wait for an answer forever).
+    leaving: Arc<AtomicBool>,
 }
 
 impl Waiter {
@@ -74,6 +77,7 @@ pub struct Ticket<'a> {
     handover: &'a Handover,
     key: Key,
     id: u64,
+    leaving: Arc<AtomicBool>,
     pub answer: oneshot::Receiver<ClaimResult>,
 }
 
@@ -87,9 +91,10 @@ impl Handover {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         let key = (queue.to_string(), group.to_string());
-        let waiter = Waiter { id, lease_id: lease_id.to_string(), lease_seconds, batch, reply };
+        let leaving = Arc::new(AtomicBool::new(false));
+        let waiter = Waiter { id, lease_id: lease_id.to_string(), lease_seconds, batch, reply, leaving: leaving.clone() };
         self.lock().entry(key.clone()).or_default().push_back(waiter);
-        Ticket { handover: self, key, id, answer }
+        Ticket { handover: self, key, id, leaving, answer }
     }
 
     /// The longest-waiting pop of (queue, group) whose client is still
@@ -118,12 +123,17 @@ impl Handover {
         self.lock().get(&(queue.to_string(), group.to_string())).is_some_and(|line| line.iter().any(|w| !w.reply.is_closed()))
     }
 
-    /// An ack that did not hand over puts its pop back where it stood.
+    /// An ack that did not hand over puts its pop back where it stood; a
+    /// pop that stopped waiting meanwhile is let go (its answer: none).
     pub fn put_back(&self, queue: &str, group: &str, waiter: Waiter) {
-        if waiter.reply.is_closed() {
+        let mut waiting = self.lock();
+        // Checked under the lock the leaving pop's removal takes after
+        // setting the flag: either it sees the flag here, or it finds the
+        // waiter back in line and removes it.
+        if waiter.reply.is_closed() || waiter.leaving.load(Ordering::SeqCst) {
             return;
         }
-        self.lock().entry((queue.to_string(), group.to_string())).or_default().push_front(waiter);
+        waiting.entry((queue.to_string(), group.to_string())).or_default().push_front(waiter);
     }
 
     /// A handed lease whose pop was gone has been returned: the queue's
@@ -158,6 +168,7 @@ impl Ticket<'_> {
     /// The pop stops waiting. If an ack has taken it meanwhile, that ack's
     /// answer is awaited: a claim made for this pop is this pop's to deliver.
     pub async fn leave(mut self) -> Option<ClaimResult> {
+        self.leaving.store(true, Ordering::SeqCst);
         if self.handover.remove(&self.key, self.id) {
             return None;
         }
@@ -169,6 +180,7 @@ impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         // A pop dropped while parked (its client hung up) leaves the queue;
         // one an ack has already taken is returned by that ack.
+        self.leaving.store(true, Ordering::SeqCst);
         self.handover.remove(&self.key, self.id);
     }
 }
@@ -208,6 +220,24 @@ mod tests {
         let t = h.park("q", "g", "L2", 0, 1);
         assert!(t.leave().await.is_none(), "not taken: it just leaves");
         assert_eq!(h.waiting(), 0);
+    }
+
+    /// The long-poll that never answered (found by the benchmark): a pop
+    /// leaving while an ack holds it, the ack not handing over and putting
+    /// it back. The pop must be let go, not wait in line for ever.
+    #[tokio::test]
+    async fn a_pop_leaving_while_an_ack_holds_it_is_not_put_back() {
+        let h = handover();
+        let t = h.park("q", "g", "L", 0, 1);
+        let w = h.take("q", "g").unwrap();
+        let leaving = tokio::time::timeout(std::time::Duration::from_secs(5), t.leave());
+        let ack = async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            h.put_back("q", "g", w);
+        };
+        let (left, ()) = tokio::join!(leaving, ack);
+        assert!(left.expect("the pop did not stay stuck").is_none(), "no claim for it");
+        assert_eq!(h.waiting(), 0, "nothing left in line");
     }
 
     #[tokio::test]
