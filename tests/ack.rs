@@ -881,3 +881,29 @@ async fn a_delayed_queue_is_not_handed_over() {
     assert_eq!(outcome(&r[0]), (true, None));
     assert_eq!(b.pop("/api/v1/pop/queue/q?batch=1").await.body, None, "t2 is still delayed");
 }
+
+/// A `QPF1` pop ships stored segments as they are, so a handover to one
+/// carries the blob even when the broker holds that segment decompressed
+/// (the JSON pop before it left it in `pop::frames`): the answer holds a
+/// zstd frame, not an empty one.
+#[tokio::test]
+async fn a_framed_pop_handed_over_gets_the_stored_segment() {
+    let b = Broker::start().await;
+    let items: Vec<Value> = (0..3).map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let first = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("t0");
+    let (l0, pid) = (first["leaseId"].as_str().unwrap().to_string(), first["partitionId"].as_str().unwrap().to_string());
+    let framed = b.http.get(format!("{}/api/v1/pop/queue/q?batch=1&wait=true&timeout=4000&frames=true", b.url)).send();
+    let ack = async {
+        b.until_parked(1).await;
+        b.ack_batch(None, &[("t0", &pid, "completed", Some(&l0))]).await
+    };
+    let (framed, r) = tokio::join!(framed, ack);
+    assert_eq!(outcome(&r[0]), (true, None));
+    let framed = framed.unwrap();
+    assert_eq!(framed.status().as_u16(), 200);
+    let body = framed.bytes().await.unwrap();
+    const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+    assert!(body.windows(4).any(|w| w == ZSTD_MAGIC), "the handed QPF1 answer carries the stored segment ({} bytes)", body.len());
+    assert_eq!(common::sample(&b.prometheus().await, "queen_pop_handovers_total").unwrap_or(0.0), 1.0);
+}

@@ -449,7 +449,7 @@ impl AckService {
                 .iter()
                 .zip(&pids)
                 .zip(&highs)
-                .map(|((w, &pid), &hi)| w.as_ref().and_then(|_| self.handover.frames.covering(pid, hi + 1)))
+                .map(|((w, &pid), &hi)| w.as_ref().filter(|w| !w.ships_blobs).and_then(|_| self.handover.frames.covering(pid, hi + 1)))
                 .collect();
             let cached_base: Vec<Option<i64>> = cached.iter().map(|c| c.as_ref().map(|(base, _)| *base)).collect();
             let stmt = client.prepare_cached(PLAIN_SQL).await?;

@@ -59,6 +59,9 @@ pub struct Waiter {
     /// The pop's `leaseTime` (<= 0: the queue's).
     pub lease_seconds: i32,
     pub batch: i32,
+    /// A `QPF1` pop ships stored blobs as they are: its claim needs the
+    /// blob even when the broker holds the segment decompressed.
+    pub ships_blobs: bool,
     reply: oneshot::Sender<ClaimResult>,
     /// Set by the pop when it stops waiting: an ack that holds it then must
     /// not put it back in line (the pop would wait for an answer forever).
@@ -87,12 +90,12 @@ impl Handover {
     }
 
     /// A parked pop joins the queue of (queue, group).
-    pub fn park(&self, queue: &str, group: &str, lease_id: &str, lease_seconds: i32, batch: i32) -> Ticket<'_> {
+    pub fn park(&self, queue: &str, group: &str, lease_id: &str, lease_seconds: i32, batch: i32, ships_blobs: bool) -> Ticket<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
         let key = (queue.to_string(), group.to_string());
         let leaving = Arc::new(AtomicBool::new(false));
-        let waiter = Waiter { id, lease_id: lease_id.to_string(), lease_seconds, batch, reply, leaving: leaving.clone() };
+        let waiter = Waiter { id, lease_id: lease_id.to_string(), lease_seconds, batch, ships_blobs, reply, leaving: leaving.clone() };
         self.lock().entry(key.clone()).or_default().push_back(waiter);
         Ticket { handover: self, key, id, leaving, answer }
     }
@@ -196,9 +199,9 @@ mod tests {
     #[tokio::test]
     async fn pops_are_taken_first_come_and_put_back_at_the_head() {
         let h = handover();
-        let a = h.park("q", "g", "La", 0, 1);
-        let b = h.park("q", "g", "Lb", 30, 5);
-        let _other = h.park("q", "other", "Lc", 0, 1);
+        let a = h.park("q", "g", "La", 0, 1, false);
+        let b = h.park("q", "g", "Lb", 30, 5, false);
+        let _other = h.park("q", "other", "Lc", 0, 1, false);
         let first = h.take("q", "g").expect("a waits");
         assert_eq!((first.lease_id.as_str(), first.lease_seconds, first.batch), ("La", 0, 1));
         h.put_back("q", "g", first);
@@ -212,12 +215,12 @@ mod tests {
     #[tokio::test]
     async fn a_pop_that_leaves_after_being_taken_gets_the_acks_answer() {
         let h = handover();
-        let t = h.park("q", "g", "L", 0, 1);
+        let t = h.park("q", "g", "L", 0, 1, false);
         let w = h.take("q", "g").unwrap();
         let leaving = tokio::spawn(async move { w.deliver(ClaimResult::default()).is_ok() });
         assert!(t.leave().await.is_some(), "the claim made for it reaches it");
         assert!(leaving.await.unwrap());
-        let t = h.park("q", "g", "L2", 0, 1);
+        let t = h.park("q", "g", "L2", 0, 1, false);
         assert!(t.leave().await.is_none(), "not taken: it just leaves");
         assert_eq!(h.waiting(), 0);
     }
@@ -228,7 +231,7 @@ mod tests {
     #[tokio::test]
     async fn a_pop_leaving_while_an_ack_holds_it_is_not_put_back() {
         let h = handover();
-        let t = h.park("q", "g", "L", 0, 1);
+        let t = h.park("q", "g", "L", 0, 1, false);
         let w = h.take("q", "g").unwrap();
         let leaving = tokio::time::timeout(std::time::Duration::from_secs(5), t.leave());
         let ack = async {
@@ -243,11 +246,11 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_pop_leaves_the_queue_and_cannot_be_delivered_to() {
         let h = handover();
-        let t = h.park("q", "g", "L", 0, 1);
+        let t = h.park("q", "g", "L", 0, 1, false);
         let w = h.take("q", "g").unwrap();
         drop(t);
         assert!(w.deliver(ClaimResult::default()).is_err(), "the ack learns the pop is gone");
-        let t = h.park("q", "g", "L2", 0, 1);
+        let t = h.park("q", "g", "L2", 0, 1, false);
         drop(t);
         assert!(h.take("q", "g").is_none());
     }

@@ -346,7 +346,10 @@ impl PopService {
         if !self.handover_suits(queue, p) {
             return None;
         }
-        Some(self.handover.park(queue, &p.group, lease_id, p.lease_seconds.unwrap_or(0), p.batch))
+        // A QPF1 answer ships the stored blobs; with an encryption key the
+        // broker answers JSON instead (see `pop`).
+        let ships_blobs = p.frames && self.encryption.ring().is_none();
+        Some(self.handover.park(queue, &p.group, lease_id, p.lease_seconds.unwrap_or(0), p.batch, ships_blobs))
     }
 
     /// An autoAck claim commits its cursors in PostgreSQL before the broker
