@@ -137,7 +137,6 @@ const DEADLOCK_ATTEMPTS: u32 = 3;
 /// 500 acks, docs/PERFORMANCE.md, stop 13), where this is one update per group.
 /// With the lease handover's arrays (migration 0028, `pop::handover`).
 const PLAIN_SQL: &str = "SELECT * FROM queen.ack_completed_many_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-const RETURN_SQL: &str = "SELECT queen.lease_return_v1($1, $2, $3)";
 const SPAN_SQL: &str = "SELECT o_base_offset, o_blob FROM queen.ack_span_v1($1, $2, $3)";
 const SEGMENT_SQL: &str = "SELECT base_offset, created_at, blob FROM queen.segments
      WHERE partition_id = $1 AND base_offset <= $2 ORDER BY base_offset DESC LIMIT 1";
@@ -271,19 +270,7 @@ impl AckService {
                 metrics::counter!(crate::metrics::POP_HANDOVERS).increment(1);
                 continue;
             }
-            let (pool, handover) = (self.pool.clone(), self.handover.clone());
-            tokio::spawn(async move {
-                let back = async {
-                    let client = pool.get().await?;
-                    let stmt = client.prepare_cached(RETURN_SQL).await?;
-                    Ok::<bool, DbError>(client.query_one(&stmt, &[&pid, &group, &lease]).await?.get(0))
-                };
-                match back.await {
-                    Ok(_) => handover.returned(&queue),
-                    Err(e) => tracing::warn!(partition_id = pid, error = %e,
-                                             "a handed lease whose pop was gone could not be returned; it lapses at its expiry"),
-                }
-            });
+            self.handover.return_lease(&self.pool, queue, group, pid, lease);
         }
     }
 

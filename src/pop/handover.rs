@@ -41,6 +41,8 @@ use super::wake::WakeGates;
 /// (queue, consumer group).
 type Key = (String, String);
 
+const RETURN_SQL: &str = "SELECT queen.lease_return_v1($1, $2, $3)";
+
 /// The parked pops waiting for a handover, per (queue, group).
 pub struct Handover {
     waiting: Mutex<HashMap<Key, VecDeque<Waiter>>>,
@@ -50,6 +52,8 @@ pub struct Handover {
     /// Decompressed segments: a handover whose next message is in one asks
     /// PostgreSQL not to ship the blob.
     pub frames: FrameCache,
+    /// Pop maintenance: pops answer empty, so no ack takes one.
+    paused: AtomicBool,
 }
 
 /// A parked pop as an ack sees it: the lease to write and the claim's size.
@@ -86,7 +90,13 @@ pub struct Ticket<'a> {
 
 impl Handover {
     pub fn new(wake: Arc<WakeGates>, frame_cache_bytes: usize) -> Handover {
-        Handover { waiting: Mutex::default(), next_id: AtomicU64::new(1), wake, frames: FrameCache::new(frame_cache_bytes) }
+        Handover {
+            waiting: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            wake,
+            frames: FrameCache::new(frame_cache_bytes),
+            paused: AtomicBool::new(false),
+        }
     }
 
     /// A parked pop joins the queue of (queue, group).
@@ -103,6 +113,9 @@ impl Handover {
     /// The longest-waiting pop of (queue, group) whose client is still
     /// there, taken out of the queue for one ack.
     pub fn take(&self, queue: &str, group: &str) -> Option<Waiter> {
+        if self.paused.load(Ordering::SeqCst) {
+            return None;
+        }
         let mut waiting = self.lock();
         let key = (queue.to_string(), group.to_string());
         let line = waiting.get_mut(&key)?;
@@ -117,6 +130,11 @@ impl Handover {
             waiting.remove(&key);
         }
         found
+    }
+
+    /// Pop maintenance on or off: while on, acks hand nothing over.
+    pub fn pause(&self, on: bool) {
+        self.paused.store(on, Ordering::SeqCst);
     }
 
     /// Whether pops of (queue, group) stand parked here: they found nothing
@@ -139,10 +157,31 @@ impl Handover {
         waiting.entry((queue.to_string(), group.to_string())).or_default().push_front(waiter);
     }
 
-    /// A handed lease whose pop was gone has been returned: the queue's
-    /// parked pops may claim it.
-    pub fn returned(&self, queue: &str) {
-        self.wake.pushed(queue);
+    /// Ends, now, a lease handed to a pop that cannot answer it (gone, or
+    /// answering something else), so its messages wait for no lease time,
+    /// and wakes the queue's parked pops. Only if the partition still has
+    /// that lease (`queen.lease_return_v1`); nothing was delivered under it.
+    pub fn return_lease(self: &Arc<Self>, pool: &deadpool_postgres::Pool, queue: String, group: String, pid: i64, lease: String) {
+        let (pool, handover) = (pool.clone(), self.clone());
+        tokio::spawn(async move {
+            let back = async {
+                let client = pool.get().await.map_err(crate::db::DbError::Pool)?;
+                let stmt = client.prepare_cached(RETURN_SQL).await?;
+                Ok::<bool, crate::db::DbError>(client.query_one(&stmt, &[&pid, &group, &lease]).await?.get(0))
+            };
+            match back.await {
+                Ok(_) => handover.wake.pushed(&queue),
+                Err(e) => tracing::warn!(partition_id = pid, error = %e,
+                                         "a handed lease its pop could not answer was not returned; it lapses at its expiry"),
+            }
+        });
+    }
+
+    /// [`Handover::return_lease`] for every partition of a handed claim.
+    pub fn return_claim(self: &Arc<Self>, pool: &deadpool_postgres::Pool, claimed: ClaimResult, group: &str, lease: &str) {
+        for c in claimed.claimed {
+            self.return_lease(pool, c.queue, group.to_string(), c.partition_id, lease.to_string());
+        }
     }
 
     /// Pops waiting, across every queue (tests and gauges).

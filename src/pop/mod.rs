@@ -164,6 +164,8 @@ impl PopService {
     /// Pop maintenance: while on, every pop answers empty at once.
     pub fn set_maintenance(&self, on: bool) {
         self.maintenance.store(on, Ordering::SeqCst);
+        // No pop is answered with messages meanwhile, handed over included.
+        self.handover.pause(on);
     }
 
     pub fn maintenance(&self) -> bool {
@@ -212,6 +214,9 @@ impl PopService {
         let mut held = false;
         // A claim an ack made for this pop while it was parked (`handover`).
         let mut handed: Option<ClaimResult> = None;
+        // This pop's place in the handover line, kept across its re-checks
+        // so that a re-check does not send it to the back.
+        let mut ticket: Option<handover::Ticket<'_>> = None;
         let mut first = true;
         loop {
             if let (Route::Wildcard { queue }, false, None) = (route, held, &handed) {
@@ -236,7 +241,22 @@ impl PopService {
                 // them a partition: a new one joins the line first (its
                 // claim would find the partitions they found leased).
                 None if first && self.joins_the_line(route, p) => (ClaimResult::default(), false),
-                None => Box::pin(self.attempt(route, p, &lease_id)).await?,
+                None => {
+                    if !first && self.maintenance() {
+                        // Pop maintenance began while this pop was parked.
+                        return self.stop_waiting(&mut ticket, &lease_id, &p.group).await;
+                    }
+                    let found = Box::pin(self.attempt(route, p, &lease_id)).await;
+                    let claimed_itself = found.as_ref().is_ok_and(|(r, _)| !r.claimed.is_empty()) || found.is_err();
+                    if claimed_itself {
+                        // Out of the line; an ack that took it meanwhile
+                        // made a claim this pop cannot answer: returned.
+                        if let Some(extra) = self.leave_line(&mut ticket).await {
+                            self.handover.return_claim(&self.pool, extra, &p.group, &lease_id);
+                        }
+                    }
+                    found?
+                }
             };
             first = false;
             for h in &result.hidden {
@@ -276,6 +296,11 @@ impl PopService {
             }
             let now = Instant::now();
             if now >= deadline || self.maintenance() || *closing.borrow() {
+                if let Some(claimed) = self.leave_line(&mut ticket).await {
+                    // An ack handed it a claim as it was leaving: answer it.
+                    handed = Some(claimed);
+                    continue;
+                }
                 return Ok(None);
             }
             // A ring with nothing ready learns of local pushes through the gate
@@ -291,17 +316,22 @@ impl PopService {
             }
             .min(deadline - now);
             // In the handover line before it counts as parked.
-            let mut ticket = self.handover_ticket(route, p, &lease_id);
+            if ticket.is_none() {
+                ticket = self.handover_ticket(route, p, &lease_id);
+            }
             let _parked = Parked::new(&self.telemetry);
             let answer = async {
                 match ticket.as_mut() {
-                    Some(t) => (&mut t.answer).await.ok(),
+                    Some(t) => Some((&mut t.answer).await.ok()),
                     None => std::future::pending().await,
                 }
             };
             let closed = tokio::select! {
-                claimed = answer => {
-                    handed = claimed;
+                answered = answer => {
+                    // Answered (a claim) or let go by an ack (none): either
+                    // way its place in line is gone.
+                    handed = answered.flatten();
+                    ticket = None;
                     attempt = 0;
                     false
                 }
@@ -315,16 +345,33 @@ impl PopService {
                 }
                 _ = closing.changed() => true,
             };
-            if handed.is_none() {
-                if let Some(t) = ticket {
-                    // Taken by an ack in flight: its claim is ours to answer.
-                    handed = t.leave().await;
-                }
-            }
             if closed && handed.is_none() {
-                return Ok(None);
+                return self.stop_waiting(&mut ticket, &lease_id, &p.group).await;
             }
         }
+    }
+
+    /// Leaves the handover line: a claim an ack made for this pop as it
+    /// left, if any.
+    async fn leave_line(&self, ticket: &mut Option<handover::Ticket<'_>>) -> Option<ClaimResult> {
+        match ticket.take() {
+            Some(t) => t.leave().await,
+            None => None,
+        }
+    }
+
+    /// A parked pop that must answer empty now (shutdown, maintenance): a
+    /// claim handed to it while it left is returned, not delivered.
+    async fn stop_waiting(
+        &self,
+        ticket: &mut Option<handover::Ticket<'_>>,
+        lease_id: &str,
+        group: &str,
+    ) -> Result<Option<(Vec<u8>, bool)>, PopError> {
+        if let Some(extra) = self.leave_line(ticket).await {
+            self.handover.return_claim(&self.pool, extra, group, lease_id);
+        }
+        Ok(None)
     }
 
     fn joins_the_line(&self, route: &Route, p: &PopParams) -> bool {
