@@ -138,8 +138,8 @@ impl Handover {
     }
 
     /// Whether pops of (queue, group) stand parked here: they found nothing
-    /// to claim and nothing has woken them since, so a new pop joins them
-    /// instead of claiming partitions they already found leased.
+    /// to claim, so a new pop joins them instead of claiming partitions
+    /// they found leased (it looks for itself at its first re-check).
     pub fn queued(&self, queue: &str, group: &str) -> bool {
         self.lock().get(&(queue.to_string(), group.to_string())).is_some_and(|line| line.iter().any(|w| !w.reply.is_closed()))
     }
