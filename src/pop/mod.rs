@@ -216,7 +216,7 @@ impl PopService {
         let mut handed: Option<ClaimResult> = None;
         // This pop's place in the handover line, kept across its re-checks
         // so that a re-check does not send it to the back.
-        let mut ticket: Option<handover::Ticket<'_>> = None;
+        let mut ticket: Option<Box<handover::Ticket<'_>>> = None;
         let mut first = true;
         loop {
             if let (Route::Wildcard { queue }, false, None) = (route, held, &handed) {
@@ -244,14 +244,14 @@ impl PopService {
                 None => {
                     if !first && self.maintenance() {
                         // Pop maintenance began while this pop was parked.
-                        return self.stop_waiting(&mut ticket, &lease_id, &p.group).await;
+                        return Box::pin(self.stop_waiting(&mut ticket, &lease_id, &p.group)).await;
                     }
                     let found = Box::pin(self.attempt(route, p, &lease_id)).await;
                     let claimed_itself = found.as_ref().is_ok_and(|(r, _)| !r.claimed.is_empty()) || found.is_err();
                     if claimed_itself {
                         // Out of the line; an ack that took it meanwhile
                         // made a claim this pop cannot answer: returned.
-                        if let Some(extra) = self.leave_line(&mut ticket).await {
+                        if let Some(extra) = Box::pin(self.leave_line(&mut ticket)).await {
                             self.handover.return_claim(&self.pool, extra, &p.group, &lease_id);
                         }
                     }
@@ -296,7 +296,7 @@ impl PopService {
             }
             let now = Instant::now();
             if now >= deadline || self.maintenance() || *closing.borrow() {
-                if let Some(claimed) = self.leave_line(&mut ticket).await {
+                if let Some(claimed) = Box::pin(self.leave_line(&mut ticket)).await {
                     // An ack handed it a claim as it was leaving: answer it.
                     handed = Some(claimed);
                     continue;
@@ -346,16 +346,16 @@ impl PopService {
                 _ = closing.changed() => true,
             };
             if closed && handed.is_none() {
-                return self.stop_waiting(&mut ticket, &lease_id, &p.group).await;
+                return Box::pin(self.stop_waiting(&mut ticket, &lease_id, &p.group)).await;
             }
         }
     }
 
     /// Leaves the handover line: a claim an ack made for this pop as it
     /// left, if any.
-    async fn leave_line(&self, ticket: &mut Option<handover::Ticket<'_>>) -> Option<ClaimResult> {
+    async fn leave_line(&self, ticket: &mut Option<Box<handover::Ticket<'_>>>) -> Option<ClaimResult> {
         match ticket.take() {
-            Some(t) => t.leave().await,
+            Some(t) => (*t).leave().await,
             None => None,
         }
     }
@@ -364,7 +364,7 @@ impl PopService {
     /// claim handed to it while it left is returned, not delivered.
     async fn stop_waiting(
         &self,
-        ticket: &mut Option<handover::Ticket<'_>>,
+        ticket: &mut Option<Box<handover::Ticket<'_>>>,
         lease_id: &str,
         group: &str,
     ) -> Result<Option<(Vec<u8>, bool)>, PopError> {
@@ -388,7 +388,7 @@ impl PopService {
     /// A place in the handover queue for a parked pop that an ack's claim
     /// would suit (`handover`): a leased wildcard pop of a queue whose
     /// messages no visibility option holds back.
-    fn handover_ticket(&self, route: &Route, p: &PopParams, lease_id: &str) -> Option<handover::Ticket<'_>> {
+    fn handover_ticket(&self, route: &Route, p: &PopParams, lease_id: &str) -> Option<Box<handover::Ticket<'_>>> {
         let Route::Wildcard { queue } = route else { return None };
         if !self.handover_suits(queue, p) {
             return None;
@@ -396,7 +396,8 @@ impl PopService {
         // A QPF1 answer ships the stored blobs; with an encryption key the
         // broker answers JSON instead (see `pop`).
         let ships_blobs = p.frames && self.encryption.ring().is_none();
-        Some(self.handover.park(queue, &p.group, lease_id, p.lease_seconds.unwrap_or(0), p.batch, ships_blobs))
+        // Boxed: a parked pop's future stays small (the test below).
+        Some(Box::new(self.handover.park(queue, &p.group, lease_id, p.lease_seconds.unwrap_or(0), p.batch, ships_blobs)))
     }
 
     /// An autoAck claim commits its cursors in PostgreSQL before the broker
