@@ -789,6 +789,15 @@ async fn a_nack_whose_error_holds_a_nul_is_refused_and_changes_nothing() {
     assert_eq!((committed, retries), (-1, 0));
 }
 
+/// `n` messages t0.. in q/p, and t0 popped alone under a lease: (lease, partitionId).
+async fn t0_leased_of(b: &Broker, n: usize) -> (String, String) {
+    let items: Vec<Value> = (0..n).map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let first = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("t0");
+    assert_eq!(first["messages"][0]["transactionId"], "t0");
+    (first["leaseId"].as_str().unwrap().to_string(), first["partitionId"].as_str().unwrap().to_string())
+}
+
 /// The lease handover (`pop::handover`, migration 0028): an ack that ends a
 /// lease while a pop of the group is parked on the broker leases the next
 /// message to that pop in its own update. The parked pop is answered with
@@ -798,11 +807,7 @@ async fn a_nack_whose_error_holds_a_nul_is_refused_and_changes_nothing() {
 #[tokio::test]
 async fn an_ack_hands_the_partition_to_a_parked_pop_under_its_own_lease() {
     let b = Broker::start().await;
-    let items: Vec<Value> = (0..3).map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
-    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
-    let first = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("t0");
-    assert_eq!(first["messages"][0]["transactionId"], "t0");
-    let (l0, pid) = (first["leaseId"].as_str().unwrap().to_string(), first["partitionId"].as_str().unwrap().to_string());
+    let (l0, pid) = t0_leased_of(&b, 3).await;
     let handovers = || async { common::sample(&b.prometheus().await, "queen_pop_handovers_total").unwrap_or(0.0) };
     assert_eq!(handovers().await, 0.0);
     // Two pops park: the partition is leased. One of them is served.
@@ -889,10 +894,7 @@ async fn a_delayed_queue_is_not_handed_over() {
 #[tokio::test]
 async fn a_framed_pop_handed_over_gets_the_stored_segment() {
     let b = Broker::start().await;
-    let items: Vec<Value> = (0..3).map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
-    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
-    let first = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("t0");
-    let (l0, pid) = (first["leaseId"].as_str().unwrap().to_string(), first["partitionId"].as_str().unwrap().to_string());
+    let (l0, pid) = t0_leased_of(&b, 3).await;
     let framed = b.http.get(format!("{}/api/v1/pop/queue/q?batch=1&wait=true&timeout=4000&frames=true", b.url)).send();
     let ack = async {
         b.until_parked(1).await;
@@ -914,10 +916,7 @@ async fn a_framed_pop_handed_over_gets_the_stored_segment() {
 #[tokio::test]
 async fn nothing_is_handed_over_under_pop_maintenance() {
     let b = Broker::start().await;
-    let items: Vec<Value> = (0..2).map(|i| json!({"queue": "q", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
-    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
-    let first = b.pop("/api/v1/pop/queue/q?batch=1").await.body.expect("t0");
-    let (l0, pid) = (first["leaseId"].as_str().unwrap().to_string(), first["partitionId"].as_str().unwrap().to_string());
+    let (l0, pid) = t0_leased_of(&b, 2).await;
     let parked = b.pop("/api/v1/pop/queue/q?batch=1&wait=true&timeout=3000");
     let ack = async {
         b.until_parked(1).await;
