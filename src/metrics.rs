@@ -45,6 +45,10 @@ pub const POP_HANDOVERS: &str = "queen_pop_handovers_total";
 /// Single-write KV calls that were applied in a commit shared with others
 /// (`kv::share`).
 pub const KV_SHARED_CALLS: &str = "queen_kv_shared_calls_total";
+/// Pooled connections closed at checkout because they were opened before a
+/// session met a read-only answer (`db`): after a failover, those that
+/// reached the old primary or a standby.
+pub const DB_READ_ONLY_DISCARDS: &str = "queen_db_read_only_discards_total";
 pub const POOL_CONNECTIONS: &str = "queen_db_pool_connections";
 pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";

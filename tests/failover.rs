@@ -426,3 +426,55 @@ async fn an_asynchronous_standby_takes_over_and_loses_at_most_the_replication_la
     assert!(r.seen.delivered.iter().any(|(_, at)| *at > r.promoted_at), "deliveries after the promotion");
     report("asynchronous", &r, lost);
 }
+
+/// A connection that reached a standby is never lent out again (issue 50):
+/// behind a proxy or a single host name the broker cannot choose the
+/// primary, so once PostgreSQL answers read-only, every pooled connection
+/// opened before that answer is closed at its next checkout and a new one is
+/// made (which, after a failover, reaches the new primary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_connection_that_met_a_standby_is_closed_not_lent_again() {
+    let primary = Node::primary();
+    let standby = Node::standby_of(&primary);
+    // The schema, applied on the primary and replayed by the standby.
+    let url = |n: &Node| format!("host={} port=5432 user=postgres dbname=postgres", n.socket().display());
+    let writer = Broker::spawn("postgres".into(), vec![("QUEEN_DATABASE_URL".into(), url(&primary))]).await;
+    assert_eq!(writer.post("/api/v1/configure", json!({"queue": "q"})).await.0, 200);
+    let s = standby.sql().await;
+    eventually("the standby replays the queue", Duration::from_secs(30), || async {
+        s.query_one("SELECT count(*) FROM queen.queues WHERE name = 'q'", &[]).await.map(|r| r.get::<_, i64>(0) == 1).unwrap_or(false)
+    })
+    .await;
+    // One host, the standby: nothing tells the broker it is not a primary.
+    let broker = Broker::spawn("postgres".into(), vec![
+        ("QUEEN_DATABASE_URL".into(), url(&standby)),
+        ("QUEEN_APPLY_SCHEMA".into(), "false".into()),
+    ])
+    .await;
+    let sessions = || async {
+        s.query("SELECT pid FROM pg_stat_activity WHERE application_name = 'queen'", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, i32>(0))
+            .collect::<HashSet<i32>>()
+    };
+    // Ten writes one after another: each meets the standby's read-only
+    // answer (503, nothing written), and each is served by a new session,
+    // the one before it having been closed, not reused.
+    let mut seen = HashSet::new();
+    for i in 0..10 {
+        let (status, body) = broker.post("/api/v1/configure", json!({"queue": format!("r{i}")})).await;
+        assert_eq!(status, 503, "{body}");
+        seen.extend(sessions().await);
+    }
+    assert!(seen.len() >= 10, "sessions were reused after a read-only answer: {} distinct", seen.len());
+    let discards = common::sample(&broker.prometheus().await, "queen_db_read_only_discards_total").unwrap_or(0.0);
+    assert!(discards >= 9.0, "{discards}");
+    // The standby promoted: the broker writes there, with no restart.
+    standby.promote();
+    eventually("a write after the promotion", Duration::from_secs(30), || async {
+        broker.post("/api/v1/configure", json!({"queue": "after"})).await.0 == 200
+    })
+    .await;
+}

@@ -55,7 +55,7 @@ pub enum TxnError {
 
 impl From<tokio_postgres::Error> for TxnError {
     fn from(e: tokio_postgres::Error) -> Self {
-        TxnError::Db(DbError::Pg(e))
+        TxnError::Db(DbError::from(e))
     }
 }
 

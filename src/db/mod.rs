@@ -10,9 +10,9 @@ pub mod migrations;
 pub mod share;
 pub mod tls;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 
 
 /// A database failure, as callers see it.
@@ -21,8 +21,9 @@ pub enum DbError {
     /// No connection could be had in time (pool exhausted or database down).
     #[error("pool: {}", describe_pool(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
+    /// Built by `From`, which notes a read-only answer ([`note_read_only`]).
     #[error("postgres: {}", describe(.0))]
-    Pg(#[from] tokio_postgres::Error),
+    Pg(tokio_postgres::Error),
     #[error("invalid database configuration: {0}")]
     Config(String),
     /// The database holds a schema this broker does not serve (a pre-baseline
@@ -60,6 +61,41 @@ impl DbError {
     /// a push answers it as every route does.
     pub fn met_by_all(&self) -> bool {
         self.unavailable() || matches!(self, DbError::Pool(_))
+    }
+}
+
+impl From<tokio_postgres::Error> for DbError {
+    fn from(e: tokio_postgres::Error) -> DbError {
+        note_read_only(&e);
+        DbError::Pg(e)
+    }
+}
+
+/// When a session of this process last met `25006` (read-only transaction):
+/// it reached a standby, or a primary that was demoted under it.
+static READ_ONLY_SEEN: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+
+/// Notes a read-only answer, so that every pooled connection opened before
+/// it is closed at its next checkout instead of lent out again
+/// ([`opened_after_read_only`]). Connections are not told apart: the one that
+/// met the error is among them, and behind a proxy or a single host name
+/// (HAProxy, DNS) its siblings reached the same server. New ones go where
+/// the target now leads (`target_session_attrs=read-write` tries every host
+/// for the primary). A read-only answer is rare (a failover, a
+/// misconfiguration), so re-opening the pool then costs nothing in steady
+/// state.
+fn note_read_only(e: &tokio_postgres::Error) {
+    if e.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION) {
+        *READ_ONLY_SEEN.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+/// The pool's pre-recycle check: a connection opened before the last
+/// read-only answer is never lent out again.
+fn opened_after_read_only(created: Instant) -> bool {
+    match *READ_ONLY_SEEN.lock().unwrap() {
+        Some(seen) => created > seen,
+        None => true,
     }
 }
 
@@ -198,6 +234,14 @@ pub fn pool(settings: PoolSettings, target: Target) -> Result<Pool, DbError> {
         .wait_timeout(Some(settings.wait))
         .create_timeout(Some(Duration::from_secs(5)))
         .recycle_timeout(Some(Duration::from_secs(5)))
+        .pre_recycle(Hook::sync_fn(|_, metrics| {
+            if opened_after_read_only(metrics.created) {
+                Ok(())
+            } else {
+                metrics::counter!(crate::metrics::DB_READ_ONLY_DISCARDS).increment(1);
+                Err(HookError::message("opened before PostgreSQL answered read-only (a standby or a demoted primary)"))
+            }
+        }))
         .runtime(Runtime::Tokio1)
         .build()
         .map_err(|e| DbError::Config(e.to_string()))

@@ -80,7 +80,7 @@ impl From<tokio_postgres::Error> for PopError {
         if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
             PopError::Timeout
         } else if crate::db::pg_unavailable(&e) {
-            PopError::Unavailable(crate::db::DbError::Pg(e))
+            PopError::Unavailable(crate::db::DbError::from(e))
         } else {
             PopError::Database(e)
         }

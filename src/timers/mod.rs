@@ -35,7 +35,7 @@ pub enum TimerError {
 
 impl From<tokio_postgres::Error> for TimerError {
     fn from(e: tokio_postgres::Error) -> Self {
-        TimerError::Db(DbError::Pg(e))
+        TimerError::Db(DbError::from(e))
     }
 }
 
