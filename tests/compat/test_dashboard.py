@@ -209,3 +209,24 @@ def test_with_jwt_the_page_asks_for_a_token_and_a_read_only_role_sees_no_buttons
         shot(driver, "read-only")
     finally:
         driver.quit()
+
+
+def test_when_the_broker_stops_answering_the_page_keeps_its_numbers_and_says_they_are_stale(broker):
+    """What an operator sees while PostgreSQL fails over or the broker
+    restarts (issue 50): the last numbers stay, and the header says since
+    when they are stale and why, instead of a page that looks live."""
+    httpx.post(f"{broker.url}/api/v1/push", json={"items": [{"queue": "q", "payload": i} for i in range(3)]}).raise_for_status()
+    driver = browser()
+    try:
+        open_page(driver, broker.url, "overview")
+        wait_for(driver, lambda d: text_of(d, "#total-queues .v") == "1", "the overview's numbers")
+        assert text_of(driver, "#live") == "live"
+        broker.stop()
+        # The next refresh (every 5 s) fails.
+        live = wait_for(driver, lambda d: (t := text_of(d, "#live")).startswith("stale since") and t, "the stale mark", seconds=20)
+        assert "fetch" in live.lower(), live
+        assert "stale" in driver.find_element("id", "live").get_attribute("class")
+        assert text_of(driver, "#total-queues .v") == "1", "the last numbers stay on the page"
+        shot(driver, "stale")
+    finally:
+        driver.quit()

@@ -376,6 +376,23 @@ pages.system = async () => {
 
 // ---------------------------------------------------------------- routing
 
+// The header's "live" mark: while refreshes fail (the broker restarting, or
+// answering 503 while PostgreSQL fails over) the page keeps the last numbers
+// it had, and says since when they are stale and why.
+let staleSince = null;
+function showLive(err) {
+  const live = document.getElementById("live");
+  if (!err) {
+    staleSince = null;
+    live.textContent = "live";
+    live.classList.remove("stale");
+    return;
+  }
+  staleSince = staleSince || new Date();
+  live.textContent = `stale since ${staleSince.toLocaleTimeString()}: ${err.message}`;
+  live.classList.add("stale");
+}
+
 async function route(quiet) {
   const parts = (location.hash.replace(/^#\/?/, "") || "overview").split("/").map(decodeURIComponent);
   const [name, ...args] = parts;
@@ -390,6 +407,7 @@ async function route(quiet) {
     view.replaceChildren(...[].concat(nodes).flat(Infinity));
     view.dataset.page = page;
     view.dataset.loaded = String(Date.now());
+    showLive(null);
     if (focused && document.getElementById(focused)) {
       const f = document.getElementById(focused);
       f.focus();
@@ -397,6 +415,7 @@ async function route(quiet) {
     }
   } catch (e) {
     if (!quiet) view.replaceChildren(el("h1", {}, "Cannot show this page"), el("p", { class: "bad", id: "error" }, e.message));
+    showLive(e);
   }
   clearTimeout(timer);
   timer = setTimeout(() => {
