@@ -10,13 +10,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEAT=${REPEAT:-5}
-FAULTS=${FAULTS:-kill-leader,kill-leader-postgres,switchover,stop-leader,kill-etcd-leader,kill-broker-in-failover}
+FAULTS=${FAULTS:-kill-leader,kill-leader-postgres,switchover,stop-leader,vanish-leader,delay,kill-etcd-leader,kill-broker-in-failover}
 ASYNC_FAULTS=${ASYNC_FAULTS:-kill-leader}
 bash scripts/ha/cluster.sh install
 LOG=$(mktemp /tmp/bench-ha-XXXX.log)
 run() {
     QUEEN_HA_MODE=$1 QUEEN_HA_FAULTS=$2 QUEEN_HA_REPEAT=$REPEAT \
-        cargo test --release --locked -q --test ha -- --nocapture 2>&1 | tee -a "$LOG" | grep '^HA-RESULT' || true
+        cargo test --release --locked -q --test ha -- --nocapture 2>&1 | tee -a "$LOG" | grep -o 'HA-RESULT.*' || true
 }
 run sync "$FAULTS"
 [ -n "$ASYNC_FAULTS" ] && run async "$ASYNC_FAULTS"
@@ -24,8 +24,9 @@ python3 - "$LOG" <<'EOF'
 import re, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    if not line.startswith("HA-RESULT"):
+    if "HA-RESULT" not in line:
         continue
+    line = line[line.index("HA-RESULT"):]
     kv = dict(re.findall(r"(\w+)=(\S+)", line.split(" (")[0]))
     rows.setdefault((kv["mode"], kv["fault"]), []).append(kv)
 print("| replication | fault | runs | acknowledged writes | lost | duplicates | acked then redelivered | write gap p50 | write gap max |")

@@ -8,7 +8,8 @@
 #
 #   cluster.sh install              Debian packages (patroni, etcd, haproxy), when missing
 #   cluster.sh up DIR [NODES] [MODE] start everything (NODES 2 or 3, default 3; MODE sync,
-#                                   the default, or async replication); writes DIR/cluster.env
+#                                   the default: synchronous_mode; strict: also
+#                                   synchronous_mode_strict; async); writes DIR/cluster.env
 #   cluster.sh down DIR             stop everything and delete DIR
 #   cluster.sh leader DIR           the Patroni leader's name
 #   cluster.sh sync DIR             the synchronous standby's name
@@ -21,8 +22,16 @@
 # SIGKILLed; restart it with start-node), kill-leader-postgres (the leader's
 # PostgreSQL alone, Patroni left to act), switchover (patronictl switchover to
 # the synchronous standby), stop-leader SECONDS (the leader's machine hangs:
-# Patroni and PostgreSQL SIGSTOPped, then SIGCONT), kill-etcd-leader (restart
-# it with start-etcd).
+# Patroni and PostgreSQL SIGSTOPped, then SIGCONT), vanish-leader SECONDS
+# (the leader's packets dropped, then its processes killed, so nothing ever
+# answers; lifted after SECONDS: only in a private network namespace, with
+# nftables), kill-etcd-leader (restart it with start-etcd).
+#
+# Patroni talks to etcd through its v2 API by default (HA_DCS=etcd3 for the
+# v3 one): Patroni 3.0.2's etcd3 backend renews a leader key without checking
+# who holds it, so a leader frozen past the TTL takes the key back when it
+# resumes and the new leader demotes itself, discarding what it acknowledged
+# (docs/OPERATIONS.md). The v2 backend compares the holder's name first.
 #
 # cluster.env gives DATABASE_URL (multi-host, target_session_attrs=read-write),
 # HAPROXY_URL, the ports, and the node names. Timings are short on purpose
@@ -57,6 +66,7 @@ install() {
     command -v etcdctl >/dev/null || missing+=(etcd-client)
     command -v haproxy >/dev/null || missing+=(haproxy)
     "$PY" -c 'import etcd' 2>/dev/null || missing+=(python3-etcd)
+    command -v nft >/dev/null || missing+=(nftables)
     if [ ${#missing[@]} -gt 0 ]; then
         local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
         $sudo apt-get update -q >/dev/null
@@ -89,7 +99,7 @@ start_etcd() {
         --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
         --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
         --initial-cluster "$ETCD_INITIAL" --initial-cluster-state "$state" --initial-cluster-token queen-ha \
-        --heartbeat-interval 100 --election-timeout 1000
+        --heartbeat-interval 100 --election-timeout 1000 --enable-v2=true
 }
 
 start_node() {
@@ -102,7 +112,7 @@ start_node() {
 }
 
 node_config() {
-    local dir=$1 node=$2 pgport=$3 apiport=$4 sync=$5
+    local dir=$1 node=$2 pgport=$3 apiport=$4 sync=$5 strict=$6
     cat > "$dir/$node/patroni.yml" <<EOF
 scope: queen-ha
 name: $node
@@ -111,7 +121,7 @@ log:
 restapi:
   listen: 127.0.0.1:$apiport
   connect_address: 127.0.0.1:$apiport
-etcd3:
+$DCS:
   hosts: $ETCD_HOSTS
 bootstrap:
   dcs:
@@ -120,6 +130,7 @@ bootstrap:
     retry_timeout: 4
     maximum_lag_on_failover: 1048576
     synchronous_mode: $sync
+    synchronous_mode_strict: $strict
     synchronous_node_count: 1
     postgresql:
       use_pg_rewind: true
@@ -162,8 +173,13 @@ EOF
 up() {
     local dir=$1 nodes=${2:-3} mode=${3:-sync}
     [ "$nodes" = 2 ] || [ "$nodes" = 3 ] || die "NODES is 2 or 3"
-    local sync
-    case "$mode" in sync) sync=true ;; async) sync=false ;; *) die "MODE is sync or async" ;; esac
+    local sync strict=false
+    case "$mode" in
+        sync) sync=true ;;
+        strict) sync=true; strict=true ;;
+        async) sync=false ;;
+        *) die "MODE is sync, strict or async" ;;
+    esac
     [ -n "$PGBIN" ] && [ -x "$PGBIN/postgres" ] || die "no PostgreSQL server binaries (PGBIN)"
     command -v patroni >/dev/null && command -v etcd >/dev/null && command -v haproxy >/dev/null || die "run: $0 install"
     mkdir -p "$dir/pids" "$dir/logs"
@@ -187,6 +203,7 @@ up() {
         done
         echo "NODES=\"${names[*]}\""
         echo "MODE=$mode"
+        echo "DCS=${HA_DCS:-etcd}"
         echo "HAPROXY_PORT=${ports[$((6 + 2 * nodes))]}"
         echo "DATABASE_URL=postgres://postgres@$(IFS=,; echo "${urlhosts[*]}")/postgres?target_session_attrs=read-write"
         echo "HAPROXY_URL=postgres://postgres@127.0.0.1:${ports[$((6 + 2 * nodes))]}/postgres"
@@ -198,7 +215,7 @@ up() {
         local pgport apiport
         pgport=$(eval echo "\$PG_PORT_$node"); apiport=$(eval echo "\$API_PORT_$node")
         mkdir -p "$dir/$node"
-        node_config "$dir" "$node" "$pgport" "$apiport" "$sync"
+        node_config "$dir" "$node" "$pgport" "$apiport" "$sync" "$strict"
         [ "$(id -u)" = 0 ] && chown -R postgres: "$dir/$node"
         start_node "$dir" "$node"
         # The first node bootstraps alone, so it is the leader; the rest
@@ -294,7 +311,7 @@ healthy() {
     load "$dir"
     local n; n=$(echo "$NODES" | wc -w)
     [ "$(echo "$m" | jq '[.members[] | select(.role == "leader" and .state == "running")] | length')" = 1 ] || return 1
-    if [ "$MODE" = sync ]; then
+    if [ "$MODE" != async ]; then
         [ "$(echo "$m" | jq '[.members[] | select(.role == "sync_standby" and (.state == "streaming" or .state == "running"))] | length')" -ge 1 ] || return 1
     fi
     [ "$(echo "$m" | jq '[.members[] | select(.state == "streaming" or .state == "running")] | length')" = "$n" ] || return 1
@@ -350,6 +367,25 @@ fault() {
             sleep "${arg:-20}"
             signal_node "$dir" "$l" CONT
             echo "stopped node $l for ${arg:-20} s" ;;
+        vanish-leader)
+            # The leader's machine drops off the network and dies there: its
+            # packets are dropped first, so when its processes are killed not
+            # even a RST answers (a power cut, a partition). The rules are
+            # lifted after SECONDS; start the node again with start-node.
+            # Needs nftables, and a private network namespace: the rules
+            # match loopback ports.
+            command -v nft >/dev/null || die "vanish-leader needs nftables (Debian: nftables)"
+            [ "$(ip -o link | wc -l)" = 1 ] || die "vanish-leader runs only in a private network namespace (unshare -n)"
+            local pg api; pg=$(eval echo "\$PG_PORT_$l"); api=$(eval echo "\$API_PORT_$l")
+            nft add table inet queen_ha
+            nft add chain inet queen_ha input '{ type filter hook input priority 0; policy accept; }'
+            nft add rule inet queen_ha input tcp dport "{ $pg, $api }" drop
+            nft add rule inet queen_ha input tcp sport "{ $pg, $api }" drop
+            kill_postgres "$dir" "$l"
+            signal_node "$dir" "$l" KILL
+            sleep "${arg:-30}"
+            nft delete table inet queen_ha
+            echo "node $l vanished for ${arg:-30} s" ;;
         kill-etcd-leader)
             local e; e=$(etcd_leader "$dir") || die "no etcd leader"
             kill -9 -- "-$(cat "$dir/pids/etcd$e")" 2>/dev/null || true

@@ -226,6 +226,7 @@ pub fn pool(settings: PoolSettings, target: Target) -> Result<Pool, DbError> {
     pg.options(format!("-c TimeZone=UTC -c statement_timeout={timeout_ms}"));
     pg.application_name("queen");
     pg.connect_timeout(Duration::from_secs(5));
+    give_up_on_silent_peers(&mut pg);
     let manager = Manager::from_config(pg, tls, ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     });
@@ -245,6 +246,39 @@ pub fn pool(settings: PoolSettings, target: Target) -> Result<Pool, DbError> {
         .runtime(Runtime::Tokio1)
         .build()
         .map_err(|e| DbError::Config(e.to_string()))
+}
+
+/// TCP's own defaults leave a connection to a machine that vanished (powered
+/// off, partitioned: no RST ever comes) open for hours when idle, and a
+/// statement sent on it waiting some 15 minutes of retransmissions. Behind a
+/// failover that is every pooled connection to the old primary, each
+/// holding the request that draws it. Unless the URL sets them (libpq's
+/// `keepalives_idle`, `keepalives_interval`, `keepalives_retries`,
+/// `tcp_user_timeout`, which tokio-postgres reads in seconds where libpq reads
+/// milliseconds), an idle connection is probed after 10 s and given up
+/// after three silent probes 5 s apart, and data left unacknowledged for
+/// 15 s closes it; a live server's kernel acknowledges in microseconds
+/// however busy PostgreSQL is, so this only ever fires on a dead path.
+/// (Unix sockets ignore both.)
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_RETRIES: u32 = 3;
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn give_up_on_silent_peers(pg: &mut tokio_postgres::Config) {
+    // tokio-postgres's default idle time is 2 hours: anything else was set.
+    if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        pg.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if pg.get_keepalives_interval().is_none() {
+        pg.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if pg.get_keepalives_retries().is_none() {
+        pg.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
 }
 
 /// What one trivial round trip found: the server answers, and whether it is
@@ -279,6 +313,23 @@ mod tests {
         let c = pg_config(&Database::Url("postgres://u@a:5432,b:5433/q".into())).unwrap().pg;
         assert_eq!(c.get_hosts().len(), 2);
         assert_eq!(c.get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+    }
+
+    #[test]
+    fn silent_peers_are_given_up_unless_the_url_says_otherwise() {
+        let mut c = pg_config(&params("db1")).unwrap().pg;
+        give_up_on_silent_peers(&mut c);
+        assert_eq!(c.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(c.get_keepalives_interval(), Some(KEEPALIVE_INTERVAL));
+        assert_eq!(c.get_keepalives_retries(), Some(KEEPALIVE_RETRIES));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        let url = "postgres://u@a/q?keepalives_idle=60&keepalives_interval=7&keepalives_retries=9&tcp_user_timeout=30";
+        let mut c = pg_config(&Database::Url(url.into())).unwrap().pg;
+        give_up_on_silent_peers(&mut c);
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(7)));
+        assert_eq!(c.get_keepalives_retries(), Some(9));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&Duration::from_secs(30)));
     }
 
     #[test]
