@@ -3,7 +3,8 @@
 # issue 50): tests/ha.rs in a release build, every fault REPEAT times
 # (default 5) on one cluster of three etcd members and three PostgreSQL nodes
 # (scripts/ha/cluster.sh), with synchronous replication, then the leader kill
-# again with asynchronous replication to show what the lag costs. Prints one
+# again with synchronous_mode_strict and with asynchronous replication (what
+# the lag costs). Run nothing else meanwhile: the write gaps are times. Prints one
 # table row per fault: acknowledged writes (pushes answered 201), lost,
 # duplicates, and the write gap (the longest time after the fault with no
 # push written to PostgreSQL) p50 and max. Localhost only.
@@ -11,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEAT=${REPEAT:-5}
 FAULTS=${FAULTS:-kill-leader,kill-leader-postgres,switchover,stop-leader,vanish-leader,delay,kill-etcd-leader,kill-broker-in-failover}
+STRICT_FAULTS=${STRICT_FAULTS:-kill-leader}
 ASYNC_FAULTS=${ASYNC_FAULTS:-kill-leader}
 bash scripts/ha/cluster.sh install
 LOG=$(mktemp /tmp/bench-ha-XXXX.log)
@@ -19,6 +21,7 @@ run() {
         cargo test --release --locked -q --test ha -- --nocapture 2>&1 | tee -a "$LOG" | grep -o 'HA-RESULT.*' || true
 }
 run sync "$FAULTS"
+[ -n "$STRICT_FAULTS" ] && run strict "$STRICT_FAULTS"
 [ -n "$ASYNC_FAULTS" ] && run async "$ASYNC_FAULTS"
 python3 - "$LOG" <<'EOF'
 import re, statistics, sys

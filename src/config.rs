@@ -627,7 +627,7 @@ impl Config {
     pub const VARIABLES: &'static [(&'static str, &'static str, &'static str)] = &[
         ("HOST", "0.0.0.0", "address the HTTP server binds"),
         ("PORT", "6632", "HTTP port (0 = any free port)"),
-        ("QUEEN_DATABASE_URL", "", "libpq URL or key=value string of the PostgreSQL to use; several hosts (`host=a,b`) imply target_session_attrs=read-write; TLS by libpq's `sslmode` (default prefer; require, verify-ca, verify-full), `sslrootcert` (PEM file or `system`), `sslcert`/`sslkey` (docs/OPERATIONS.md)"),
+        ("QUEEN_DATABASE_URL", "", "libpq URL or key=value string of the PostgreSQL to use; several hosts (`host=a,b`) imply target_session_attrs=read-write; TCP keepalives 10 s / 5 s / 3 and tcp_user_timeout 15 s (in seconds) unless given; TLS by libpq's `sslmode` (default prefer; require, verify-ca, verify-full), `sslrootcert` (PEM file or `system`), `sslcert`/`sslkey` (docs/OPERATIONS.md)"),
         ("PG_HOST", "", "PostgreSQL host, or several separated by commas (tried in order; several imply target_session_attrs=read-write, so the broker follows a failover); when neither this nor QUEEN_DATABASE_URL is set, an embedded cluster starts"),
         ("PG_PORT", "5432", "PostgreSQL port"),
         ("PG_USER", "postgres", "PostgreSQL user"),
