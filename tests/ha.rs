@@ -21,7 +21,7 @@
 //! kills a broker two seconds into a leader kill) run one after another on
 //! one cluster, brought back to a leader, a synchronous standby and every
 //! node streaming between them. The test runs itself in a network namespace
-//! of its own when it can (the partition fault needs one).
+//! of its own when it can (`vanish-leader` needs one to drop packets).
 //! `QUEEN_HA_FAULTS` (comma-separated, default
 //! `kill-leader,switchover,vanish-leader,delay`),
 //! `QUEEN_HA_REPEAT` (default 1) and `QUEEN_HA_MODE` (`sync`, the default;
