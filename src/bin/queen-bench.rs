@@ -537,10 +537,16 @@ async fn push(
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let (mut sent, mut errors) = (0u64, 0u64);
+            // Client c sends its requests to partitions c, c + concurrency,
+            // c + 2·concurrency, …: together the clients send each request to
+            // the next partition, so a run of N requests over N partitions
+            // touches every one once (with a step of 1 each client would walk
+            // the same partitions one behind another, every partition
+            // receiving `concurrency` requests in a row).
             let mut round = c;
             while Instant::now() < deadline {
                 let partition = format!("p{}", round % partitions);
-                round += 1;
+                round += concurrency;
                 let payload = |k: usize| &payloads[(round * batch + k) % payloads.len()];
                 let (body, content_type) = if binary {
                     (qpb1_flag8(&queue, &partition, batch, payload(0), ids), "application/octet-stream")
