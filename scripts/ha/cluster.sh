@@ -43,11 +43,6 @@ PY=/usr/bin/python3   # Patroni is Debian's, on Debian's Python
 
 die() { echo "ha: $*" >&2; exit 1; }
 
-# Run a command as the postgres user when we are root (initdb refuses root).
-as_pg() {
-    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
-}
-
 # N free loopback ports, one per line.
 free_ports() {
     "$PY" - "$1" <<'EOF'
