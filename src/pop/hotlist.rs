@@ -9,8 +9,18 @@
 //! strand it. A periodic reseed from SQL catches what the ring cannot see
 //! (pushes through other brokers). Checked-out candidates a dropped pop never
 //! settled are put back by the guard's `Drop`.
+//!
+//! A push costs the same however many groups read the queue: it writes one
+//! entry to the queue's [`Feed`], and each ring catches up with the feed
+//! when it is next used (a pop's plan, checkout or settle), taking every
+//! partition pushed since once, however often it was pushed. Walking every
+//! ring at every push made one queue with 1,000 consumer groups spend a
+//! fifth of the broker's CPU in this module and push 12 % slower
+//! (docs/PERFORMANCE.md, issue 51). Rings with a pop waiting for a
+//! candidate ([`HotList::await_return`]) are the exception: a push catches
+//! them up at once, so the wait ends as it did before.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,6 +68,119 @@ struct Ring {
     /// When a pop last planned or checked out on this ring: a ring no pop
     /// has used for [`RING_IDLE`] is dropped ([`HotList::evict_idle`]).
     last_used: Instant,
+    /// Every feed entry below this sequence number has been applied.
+    seen: u64,
+    /// Per partition, the feed's running total when this ring last applied
+    /// it: the next catch-up counts what was pushed since from it.
+    totals: HashMap<i64, u64>,
+}
+
+/// What the pushes of one queue left for its rings: per partition, its
+/// latest push's sequence number and a running count of messages, and the
+/// partitions in the order of their latest push, so a ring catches up by
+/// reading the entries past its own `seen` (each partition once). Entries
+/// every ring has applied are dropped at the reseeder's tick
+/// ([`HotList::evict_idle`]); a feed that reaches [`FEED_CAP`] (rings no pop
+/// uses) catches every ring up and starts empty.
+#[derive(Default)]
+struct Feed {
+    next: u64,
+    latest: HashMap<i64, Fed>,
+    order: BTreeMap<u64, i64>,
+}
+
+/// One partition's entry in a [`Feed`].
+struct Fed {
+    /// Its latest push.
+    seq: u64,
+    /// The push that created the entry: `total` counts from there.
+    born: u64,
+    total: u64,
+    name: Arc<str>,
+}
+
+/// Most partitions a queue's feed holds before it catches every ring up.
+const FEED_CAP: usize = 65_536;
+
+impl Feed {
+    fn push(&mut self, pid: i64, partition: &str, count: u64) {
+        let seq = self.next;
+        self.next += 1;
+        match self.latest.get_mut(&pid) {
+            Some(f) => {
+                self.order.remove(&f.seq);
+                f.seq = seq;
+                f.total += count;
+            }
+            None => {
+                self.latest.insert(pid, Fed { seq, born: seq, total: count, name: Arc::from(partition) });
+            }
+        }
+        self.order.insert(seq, pid);
+    }
+
+    /// Applies to `r` every partition pushed since it last caught up.
+    fn sync(&self, r: &mut Ring) {
+        if r.seen >= self.next {
+            return;
+        }
+        for pid in self.order.range(r.seen..).map(|(_, pid)| *pid) {
+            let f = &self.latest[&pid];
+            // Exact when the entry began after the ring's last catch-up, or
+            // the ring saw its total then; otherwise (a ring newer than the
+            // entry) unknown.
+            let since = if f.born >= r.seen { Some(f.total) } else { r.totals.get(&pid).map(|t| f.total - t) };
+            r.apply(pid, &f.name, since);
+            r.totals.insert(pid, f.total);
+        }
+        r.seen = self.next;
+    }
+
+    /// Drops the entries every ring has applied (`seen` the lowest ring's).
+    fn trim(&mut self, seen: u64) {
+        let keep = self.order.split_off(&seen);
+        for pid in std::mem::replace(&mut self.order, keep).into_values() {
+            self.latest.remove(&pid);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.latest.clear();
+        self.order.clear();
+    }
+}
+
+/// The rings of one queue, by group, and the feed its pushes write.
+#[derive(Default)]
+struct QueueRings {
+    groups: HashMap<String, Ring>,
+    feed: Feed,
+    /// Groups a pop waits on in [`HotList::await_return`]: pushes catch
+    /// these rings up at once.
+    waiting: HashSet<String>,
+}
+
+impl QueueRings {
+    /// Catches every ring up and empties the feed.
+    fn sync_all(&mut self) {
+        for r in self.groups.values_mut() {
+            self.feed.sync(r);
+        }
+        self.feed.clear();
+    }
+
+    /// Drops the feed entries every ring has applied, and the rings' totals
+    /// of partitions that are neither members nor in the feed any more.
+    fn trim(&mut self) {
+        let Some(seen) = self.groups.values().map(|r| r.seen).min() else { return };
+        self.feed.trim(seen);
+        for r in self.groups.values_mut() {
+            if r.totals.len() > 2 * r.members.len() + 64 {
+                let (members, latest) = (&r.members, &self.feed.latest);
+                r.totals.retain(|pid, _| members.contains_key(pid) || latest.contains_key(pid));
+            }
+        }
+    }
 }
 
 /// How long a ring nobody pops stays: any pop creates a ring for its
@@ -87,7 +210,7 @@ pub enum Plan {
     Claim { reseed: bool },
 }
 
-type Rings = HashMap<String, HashMap<String, Ring>>;
+type Rings = HashMap<String, QueueRings>;
 
 pub struct HotList {
     rings: Mutex<Rings>,
@@ -104,7 +227,10 @@ impl HotList {
 
     fn with_ring<T>(&self, queue: &str, group: &str, f: impl FnOnce(&mut Ring) -> T) -> Option<T> {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
-        rings.get_mut(queue).and_then(|g| g.get_mut(group)).map(f)
+        let q = rings.get_mut(queue)?;
+        let r = q.groups.get_mut(group)?;
+        q.feed.sync(r);
+        Some(f(r))
     }
 
     /// Hands idle rings' reseeds to the background reseeder from now on.
@@ -158,12 +284,16 @@ impl HotList {
     pub fn take_due_idle(&self, max: usize) -> Vec<(String, String)> {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
         let mut due = Vec::new();
-        'all: for (queue, groups) in rings.iter_mut() {
-            for (group, r) in groups.iter_mut() {
+        'all: for (queue, q) in rings.iter_mut() {
+            for (group, r) in q.groups.iter_mut() {
                 if due.len() >= max {
                     break 'all;
                 }
-                if r.seeding.is_none() && r.ready.is_empty() && r.last_reseed.is_none_or(|t| t.elapsed() >= r.period) {
+                if r.seeding.is_some() || r.last_reseed.is_some_and(|t| t.elapsed() < r.period) {
+                    continue;
+                }
+                q.feed.sync(r);
+                if r.ready.is_empty() {
                     r.last_reseed = Some(Instant::now());
                     r.period = jittered(self.reseed_every);
                     due.push((queue.clone(), group.clone()));
@@ -173,8 +303,10 @@ impl HotList {
         due
     }
 
-    fn new_ring(&self, seeding: Option<Arc<Notify>>) -> Ring {
+    fn new_ring(&self, seeding: Option<Arc<Notify>>, seen: u64) -> Ring {
         Ring {
+            seen,
+            totals: HashMap::new(),
             ready: VecDeque::new(),
             members: HashMap::new(),
             estimates: HashMap::new(),
@@ -188,34 +320,43 @@ impl HotList {
     }
 
     /// Drops the rings no pop has used for `idle` (none with a candidate
-    /// checked out or a first contact in flight); how many.
+    /// checked out or a first contact in flight), and the feed entries the
+    /// remaining rings have all applied; how many rings.
     pub fn evict_idle(&self, idle: Duration) -> usize {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
         let mut dropped = 0;
-        rings.retain(|_, groups| {
-            groups.retain(|_, r| {
+        rings.retain(|_, q| {
+            q.groups.retain(|_, r| {
                 let busy = r.seeding.is_some() || r.members.values().any(|m| matches!(m, Member::Out { .. }));
                 let keep = busy || r.last_used.elapsed() < idle;
                 dropped += usize::from(!keep);
                 keep
             });
-            !groups.is_empty()
+            q.trim();
+            !q.groups.is_empty()
         });
         dropped
     }
 
     /// Rings held, of every queue and group.
     pub fn rings(&self) -> usize {
-        self.rings.lock().expect("hot-list lock poisoned").values().map(HashMap::len).sum()
+        self.rings.lock().expect("hot-list lock poisoned").values().map(|q| q.groups.len()).sum()
+    }
+
+    /// Partitions held in the queues' feeds, not yet applied by every ring
+    /// (a gauge: bounded by [`FEED_CAP`] per queue).
+    pub fn feed_entries(&self) -> usize {
+        self.rings.lock().expect("hot-list lock poisoned").values().map(|q| q.feed.order.len()).sum()
     }
 
     /// Creates a ring whose first reseed is due now.
     #[cfg(test)]
     pub fn create(&self, queue: &str, group: &str) {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
-        let groups = rings.entry(queue.to_string()).or_default();
-        if !groups.contains_key(group) {
-            groups.insert(group.to_string(), self.new_ring(None));
+        let q = rings.entry(queue.to_string()).or_default();
+        if !q.groups.contains_key(group) {
+            let ring = self.new_ring(None, q.feed.next);
+            q.groups.insert(group.to_string(), ring);
         }
     }
 
@@ -227,12 +368,13 @@ impl HotList {
     /// once. `None` when the ring already exists (plan again).
     pub fn begin_seeding(self: &Arc<Self>, queue: &str, group: &str) -> Option<Seeding> {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
-        let groups = rings.entry(queue.to_string()).or_default();
-        if groups.contains_key(group) {
+        let q = rings.entry(queue.to_string()).or_default();
+        if q.groups.contains_key(group) {
             return None;
         }
         let done = Arc::new(Notify::new());
-        groups.insert(group.to_string(), self.new_ring(Some(done.clone())));
+        let ring = self.new_ring(Some(done.clone()), q.feed.next);
+        q.groups.insert(group.to_string(), ring);
         Some(Seeding { list: self.clone(), queue: queue.to_string(), group: group.to_string(), done, finished: false })
     }
 
@@ -254,27 +396,35 @@ impl HotList {
     /// the ring anew. `None` matches every queue or every group.
     pub fn forget(&self, queue: Option<&str>, group: Option<&str>) {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
-        rings.retain(|q, groups| {
-            if queue.is_some_and(|want| want != q) {
+        rings.retain(|name, q| {
+            if queue.is_some_and(|want| want != name) {
                 return true;
             }
-            groups.retain(|g, _| group.is_some_and(|want| want != g));
-            !groups.is_empty()
+            q.groups.retain(|g, _| group.is_some_and(|want| want != g));
+            !q.groups.is_empty()
         });
     }
 
-    /// `count` messages committed to partition `pid` of `queue`: every
-    /// group's ring learns it.
+    /// `count` messages committed to partition `pid` of `queue`: one entry
+    /// in the queue's feed, which every group's ring applies when next used
+    /// (at once for rings a pop waits on).
     pub fn pushed(&self, queue: &str, pid: i64, partition: &str, count: u64) {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
-        if let Some(groups) = rings.get_mut(queue) {
-            let name: Arc<str> = Arc::from(partition);
-            for ring in groups.values_mut() {
-                let fresh = !ring.members.contains_key(&pid);
-                ring.offer(pid, &name);
-                let e = ring.estimates.entry(pid).or_insert(if fresh { Some(0) } else { None });
-                *e = e.map(|n| n + count);
-            }
+        let Some(q) = rings.get_mut(queue) else { return };
+        q.feed.push(pid, partition, count);
+        if !q.waiting.is_empty() {
+            let QueueRings { groups, feed, waiting } = q;
+            // A waiter stays listed while its ring has nothing ready and
+            // members out (the state `await_return` waits in).
+            waiting.retain(|g| {
+                groups.get_mut(g).is_some_and(|r| {
+                    feed.sync(r);
+                    r.ready.is_empty() && !r.members.is_empty()
+                })
+            });
+        }
+        if q.feed.order.len() > FEED_CAP {
+            q.sync_all();
         }
     }
 
@@ -282,9 +432,10 @@ impl HotList {
     /// (the revisit wheel: a hidden head has become visible).
     pub fn reoffer(&self, queue: &str, pid: i64, partition: &str) {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
-        if let Some(groups) = rings.get_mut(queue) {
+        if let Some(q) = rings.get_mut(queue) {
             let name: Arc<str> = Arc::from(partition);
-            for ring in groups.values_mut() {
+            for ring in q.groups.values_mut() {
+                q.feed.sync(ring);
                 ring.offer(pid, &name);
                 ring.estimates.insert(pid, None);
             }
@@ -377,21 +528,34 @@ impl HotList {
     /// be missed; `None` when there is nothing to wait for (candidates are
     /// ready, or the ring has no members at all).
     pub fn await_return(&self, queue: &str, group: &str) -> Option<Pin<Box<OwnedNotified>>> {
-        self.with_ring(queue, group, |r| {
-            if !r.ready.is_empty() || r.members.is_empty() {
-                return None;
-            }
-            let mut back = Box::pin(r.refilled.clone().notified_owned());
-            back.as_mut().enable();
-            Some(back)
-        })
-        .flatten()
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        let q = rings.get_mut(queue)?;
+        let r = q.groups.get_mut(group)?;
+        q.feed.sync(r);
+        if !r.ready.is_empty() || r.members.is_empty() {
+            return None;
+        }
+        let mut back = Box::pin(r.refilled.clone().notified_owned());
+        back.as_mut().enable();
+        // Pushes catch this ring up at once from now on, so one that adds a
+        // candidate wakes the wait as `offer` does.
+        if !q.waiting.contains(group) {
+            q.waiting.insert(group.to_string());
+        }
+        Some(back)
     }
 
-    /// Ready candidates across every ring.
+    /// Ready candidates across every ring (each caught up first).
     pub fn ready_total(&self) -> usize {
-        let rings = self.rings.lock().expect("hot-list lock poisoned");
-        rings.values().flat_map(|g| g.values()).map(|r| r.ready.len()).sum()
+        let mut rings = self.rings.lock().expect("hot-list lock poisoned");
+        let mut total = 0;
+        for q in rings.values_mut() {
+            for r in q.groups.values_mut() {
+                q.feed.sync(r);
+                total += r.ready.len();
+            }
+        }
+        total
     }
 
     /// Ready candidates of a ring.
@@ -410,6 +574,15 @@ impl Ring {
         }
         self.last_reseed = Some(Instant::now());
         self.period = period;
+    }
+
+    /// A partition pushed since the ring last caught up, `since` messages
+    /// (`None`: how many is unknown).
+    fn apply(&mut self, pid: i64, name: &Arc<str>, since: Option<u64>) {
+        let fresh = !self.members.contains_key(&pid);
+        self.offer(pid, name);
+        let e = self.estimates.entry(pid).or_insert(if fresh { Some(0) } else { None });
+        *e = since.and_then(|n| e.map(|m| m + n));
     }
 
     fn offer(&mut self, pid: i64, name: &Arc<str>) {
@@ -462,11 +635,11 @@ impl Drop for Seeding {
     fn drop(&mut self) {
         if !self.finished {
             let mut rings = self.list.rings.lock().expect("hot-list lock poisoned");
-            if let Some(groups) = rings.get_mut(&self.queue) {
-                if groups.get(&self.group).is_some_and(|r| self.owns(r)) {
-                    groups.remove(&self.group);
+            if let Some(q) = rings.get_mut(&self.queue) {
+                if q.groups.get(&self.group).is_some_and(|r| self.owns(r)) {
+                    q.groups.remove(&self.group);
                 }
-                if groups.is_empty() {
+                if q.groups.is_empty() {
                     rings.remove(&self.queue);
                 }
             }
@@ -661,12 +834,50 @@ mod tests {
         l.pushed("q", 2, "p", 2);
         l.pushed("q", 1, "p", 1);
         assert_eq!(l.estimate("q", "g"), Some(6));
-        let c = l.checkout("q", "g", 1);
+        // (A ring that catches up with several pushes at once takes them in
+        // the order of their latest push: 2, then 1.)
+        let c = l.checkout("q", "g", 2);
         c.settle(&HashMap::from([(1, Verdict::Claimed)]), None);
         assert_eq!(l.estimate("q", "g"), None, "a claimed member may hold more than we know");
         l.reseed("q", "g", vec![(9, "r".into())]);
         assert_eq!(l.estimate("q", "g"), None);
         assert_eq!(HotList::new(Duration::from_secs(1)).estimate("x", "g"), None);
+    }
+
+    #[test]
+    fn a_ring_catches_up_with_the_feed_when_used_each_partition_once() {
+        let l = list();
+        l.create("q", "h");
+        for _ in 0..1000 {
+            l.pushed("q", 1, "p1", 1);
+        }
+        l.pushed("q", 2, "p2", 5);
+        assert_eq!(l.feed_entries(), 2, "the feed holds a partition once, however often it was pushed");
+        assert_eq!(l.estimate("q", "g"), Some(1005));
+        assert_eq!(l.checkout("q", "g", 10).pids(), [1, 2], "in the order of their latest push");
+        // h has not looked yet: the feed keeps what it has not applied.
+        l.evict_idle(Duration::from_secs(3600));
+        assert_eq!(l.feed_entries(), 2);
+        assert_eq!(l.ready_len("q", "h"), 2);
+        l.evict_idle(Duration::from_secs(3600));
+        assert_eq!(l.feed_entries(), 0, "every ring applied them: trimmed");
+        // A partition drained empty and pushed again is counted from zero.
+        let c = l.checkout("q", "h", 10);
+        c.settle(&HashMap::from([(1, Verdict::Empty), (2, Verdict::Empty)]), None);
+        l.pushed("q", 1, "p1", 3);
+        l.pushed("q", 1, "p1", 4);
+        assert_eq!(l.estimate("q", "h"), Some(7));
+    }
+
+    #[test]
+    fn a_feed_no_ring_reads_stays_bounded() {
+        let l = list();
+        for pid in 0..(FEED_CAP as i64 + 10) {
+            l.pushed("q", pid, "p", 1);
+        }
+        assert!(l.feed_entries() <= FEED_CAP, "{} entries", l.feed_entries());
+        assert_eq!(l.ready_len("q", "g"), FEED_CAP + 10, "nothing was lost on the way");
+        assert_eq!(l.estimate("q", "g"), Some(FEED_CAP as u64 + 10));
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl PopService {
             tracing::debug!(rings = dropped, "dropped candidate rings no pop used for 15 minutes");
         }
         metrics::gauge!("queen_hotlist_rings").set(self.hotlist.rings() as f64);
+        metrics::gauge!("queen_hotlist_feed_entries").set(self.hotlist.feed_entries() as f64);
         let due = self.hotlist.take_due_idle(MAX_RINGS);
         if due.is_empty() {
             return Ok(0);
