@@ -54,6 +54,9 @@ pub const POOL_WAITING: &str = "queen_db_pool_waiting";
 pub const PARKED: &str = "queen_parked_long_polls";
 pub const POP_PERMITS: &str = "queen_pop_permit_limit";
 pub const HOTLIST_READY: &str = "queen_hotlist_ready_partitions";
+/// Looks of long-polls that found no claim slot or pooled connection within
+/// `DB_CONNECTION_TIMEOUT` and went back to waiting instead of failing.
+pub const POP_BUSY_LOOKS: &str = "queen_pop_busy_looks_total";
 /// TransactionIds the broker holds in memory for the dedup windows of the
 /// partitions it writes (`push::dedup`).
 pub const DEDUP_MEMORY: &str = "queen_dedup_memory_entries";

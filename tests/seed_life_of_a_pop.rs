@@ -250,6 +250,43 @@ async fn an_exhausted_pool_answers_500_pool_and_a_timed_out_claim_500_pop_failed
     }
 }
 
+/// A long-poll is not a request that failed when the pool is busy: one that
+/// finds no connection within `DB_CONNECTION_TIMEOUT` goes back to waiting
+/// until its own deadline (a thousand groups woken by one push met the pool
+/// this way and answered 500s, docs/PERFORMANCE.md, issue 51). Without the
+/// change two of these four answer `500 pool`.
+#[tokio::test]
+async fn a_long_poll_that_meets_a_busy_pool_waits_instead_of_failing() {
+    let env = [("DB_POOL_SIZE", "2"), ("DB_CONNECTION_TIMEOUT", "300")];
+    for (mode, b) in brokers_in_both_modes(&env).await {
+        b.push_to("q", "p", &[json!(1)]).await;
+        let sql = b.sql().await;
+        sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let url = format!("{}/api/v1/pop/queue/q/partition/p?wait=true&timeout=4000", b.url);
+            tasks.push(tokio::spawn(async move {
+                let r = reqwest::get(url).await.unwrap();
+                let status = r.status().as_u16();
+                (status, r.json::<Value>().await.unwrap_or(Value::Null))
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        sql.batch_execute("ROLLBACK").await.unwrap();
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+        assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 1, "{mode}: one delivery: {answers:?}");
+        assert_eq!(statuses.iter().filter(|s| **s == 204).count(), 3, "{mode}: the rest wait out their timeout: {answers:?}");
+        let delivered = answers.iter().find(|(s, _)| *s == 200).unwrap();
+        assert_eq!(delivered.1["messages"][0]["data"], json!(1), "{mode}: {answers:?}");
+        let busy = common::sample(&b.prometheus().await, "queen_pop_busy_looks_total").unwrap_or(0.0);
+        assert!(busy >= 1.0, "{mode}: the busy looks are counted: {busy}");
+    }
+}
+
 // Statements tests/pop.rs held first, in both candidate modes by name (`::hotlist`, `::sql_scan`).
 both_modes!(
     fifty_first_contact_pops_on_two_hundred_partitions_cause_no_deadlock,

@@ -247,6 +247,19 @@ impl PopService {
                         return Box::pin(self.stop_waiting(&mut ticket, &lease_id, &p.group)).await;
                     }
                     let found = Box::pin(self.attempt(route, p, &lease_id)).await;
+                    // A long-poll that found no claim slot or connection in
+                    // time has not failed: the database is busy (a thousand
+                    // groups woken by one push), not gone. It looks again on
+                    // its re-check schedule until its own deadline, so
+                    // overload shows as latency, not as 500s that send the
+                    // clients into their error backoff.
+                    let found = match found {
+                        Err(PopError::Pool) if p.wait && Instant::now() < deadline => {
+                            metrics::counter!(crate::metrics::POP_BUSY_LOOKS).increment(1);
+                            Ok((ClaimResult::default(), false))
+                        }
+                        other => other,
+                    };
                     let claimed_itself = found.as_ref().is_ok_and(|(r, _)| !r.claimed.is_empty()) || found.is_err();
                     if claimed_itself {
                         // Out of the line; an ack that took it meanwhile
