@@ -11,13 +11,82 @@
 #   5. push to 10 partitions again (the baseline's drift over the run).
 #
 # 8 clients throughout. Private durable cluster, release broker, localhost.
+#
+# CASES (default "partitions queues groups") picks the parts; each runs on a
+# fresh broker of the same cluster:
+#
+#   queues: ROUNDS (3) rounds of push at batch 100 over one queue of 100,000
+#     partitions and over 10,000 queues of 10, alternating (the pushes create
+#     them as they go); then a leased drain (pop batch 100, ack/batch, 4
+#     consumers) of 1,000,000 messages spread as 10 per partition over each
+#     shape.
+#   groups: push at batch 100 to 10 partitions with one consumer group's
+#     ring and with GROUPS_MANY (1,000) groups' rings (each group popped
+#     once and stopped), ROUNDS rounds alternating; then GROUPS_MANY groups each draining while producers push
+#     at a paced FANOUT_RATE (100 msg/s) beside one group doing the same,
+#     and unpaced (as fast as the producers can) for the shared-CPU figure.
 DURATION=${DURATION:-15}
 PARTITIONS_MANY=${PARTITIONS_MANY:-1000000}
+CASES=${CASES:-partitions queues groups}
+ROUNDS=${ROUNDS:-3}
+GROUPS_MANY=${GROUPS_MANY:-1000}
+FANOUT_RATE=${FANOUT_RATE:-100}
 source "$(dirname "$0")/lib/bench-cluster.sh"
-start_broker
 BENCH=./target/release/queen-bench
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$BROKER_PID/status"; }
 partitions() { "${PSQL[@]}" -Atc "SELECT count(*) FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = '$1'"; }
+wants() { [[ " $CASES " == *" $1 "* ]]; }
+
+if wants queues; then
+    start_broker
+    for round in $(seq 1 "$ROUNDS"); do
+        echo "== round $round: push, one queue of 100,000 partitions"
+        "$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 100000 --concurrency 8 --duration "$DURATION" --queue scale-one | tail -2 | head -1
+        echo "== round $round: push, 10,000 queues of 10 partitions"
+        "$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 10 --queues 10000 --concurrency 8 --duration "$DURATION" --queue scale-many | tail -2 | head -1
+    done
+    echo "== drain: 1,000,000 messages, 10 in each of 100,000 partitions of one queue"
+    "$BENCH" --url "$BROKER_URL" consume --messages 1000000 --partitions 100000 --batch 100 --pop-partitions 50 --concurrency 4 | tail -2 | head -1
+    echo "== drain: 1,000,000 messages, 10 in each partition of 10,000 queues of 10"
+    "$BENCH" --url "$BROKER_URL" consume --messages 1000000 --partitions 10 --queues 10000 --batch 100 --pop-partitions 50 --concurrency 4 | tail -2 | head -1
+    stop_broker
+fi
+
+if wants groups; then
+    start_broker
+    rings() { # $1 queue, $2 groups: one autoAck pop of each group builds its ring
+        seq 1 "$2" | xargs -P 8 -I{} curl -s -o /dev/null "$BROKER_URL/api/v1/pop/queue/$1?consumerGroup=g{}&batch=1&autoAck=true"
+    }
+    for round in $(seq 1 "$ROUNDS"); do
+        for g in 1 "$GROUPS_MANY"; do
+            q=scale-rings-$g-$round
+            "$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 --duration 1 --queue "$q" >/dev/null
+            sleep 5
+            before=$(rss_kb)
+            rings "$q" "$g"
+            sleep 10
+            after=$(rss_kb)
+            # (The RSS shown moves with the pushes' dedup memory more than with
+            # the rings: it is not a per-group figure.)
+            echo "== round $round: push, 10 partitions, $g groups' rings (broker RSS $((before / 1024)) -> $((after / 1024)) MB)"
+            "$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 --duration "$DURATION" --queue "$q" | tail -2 | head -1
+        done
+    done
+    for g in 1 "$GROUPS_MANY"; do
+        echo "== $g groups draining, push paced at $FANOUT_RATE msg/s (batch 10) for 30 s"
+        "$BENCH" --url "$BROKER_URL" fanout --messages $((FANOUT_RATE * 30)) --batch 10 --partitions 10 --producers 2 \
+            --groups "$g" --consumers 1 --rate "$FANOUT_RATE" --duration 300 | head -3
+    done
+    for g in 1 "$GROUPS_MANY"; do
+        echo "== $g groups draining, push as fast as 2 producers can (20,000 messages at batch 100)"
+        "$BENCH" --url "$BROKER_URL" fanout --messages 20000 --batch 100 --partitions 10 --producers 2 \
+            --groups "$g" --consumers 1 --duration 300 | head -3
+    done
+    stop_broker
+fi
+
+wants partitions || exit 0
+start_broker
 
 echo "== push, 10 partitions (baseline)"
 "$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 --duration "$DURATION" --queue scale-10

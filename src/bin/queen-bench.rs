@@ -126,6 +126,11 @@ enum Scenario {
         /// Queue name (default: a fresh one per run)
         #[arg(long)]
         queue: Option<String>,
+        /// Spread the requests over this many queues of `partitions` each
+        /// (named `<queue>.0`, `<queue>.1`, …): request n goes to queue
+        /// n mod queues, so N requests over N queue-partitions touch each once
+        #[arg(long, default_value_t = 1)]
+        queues: usize,
         /// Send `QPB1` bodies with pre-framed, pre-compressed groups (flag 8)
         /// instead of JSON
         #[arg(long)]
@@ -194,6 +199,10 @@ enum Scenario {
         /// instead of sleeping 5 ms after an empty answer
         #[arg(long)]
         wait: bool,
+        /// Spread the backlog over this many queues of `partitions` each;
+        /// each consumer pops its share of them in turn, one pop each
+        #[arg(long, default_value_t = 1)]
+        queues: usize,
     },
     /// Read one partition of a pre-filled backlog by offset (`POST
     /// /api/v1/fetch`, no lease), then drain the same partition with leased
@@ -263,6 +272,10 @@ enum Scenario {
         /// padded to this length (default: the stamp alone, about 20 bytes)
         #[arg(long)]
         payload_size: Option<usize>,
+        /// Offered push rate, messages a second over all producers (default:
+        /// as fast as they can)
+        #[arg(long)]
+        rate: Option<f64>,
     },
     /// N parked long-poll consumers on N queues: broker CPU, RSS and database
     /// connections while nothing happens (read from the broker's /metrics)
@@ -301,7 +314,7 @@ enum Scenario {
 async fn main() {
     let cli = Cli::parse();
     match cli.scenario {
-        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, binary, dedup_window, encrypted, random_payload, ids } => {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, queues, binary, dedup_window, encrypted, random_payload, ids } => {
             let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
             let mut options = serde_json::Map::new();
             if let Some(window) = dedup_window {
@@ -313,7 +326,7 @@ async fn main() {
             if !options.is_empty() {
                 configure_queue(&cli.url, &queue, options.into()).await;
             }
-            let how = PushKind { binary, dedup_window, encrypted, random_payload, ids };
+            let how = PushKind { binary, dedup_window, encrypted, random_payload, ids, queues: queues.max(1) };
             push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, how).await
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s, pop_url } => {
@@ -330,16 +343,16 @@ async fn main() {
             let (mut stream, mut plain) = (None, None);
             if side(StreamSide::Stream) {
                 let source = format!("bench.streams.{}", uuid::Uuid::now_v7().simple());
-                prefill(&cli.url, &source, messages, partitions, payload_pool(100, false)).await;
+                prefill(&cli.url, &source, messages, partitions, 1, payload_pool(100, false)).await;
                 println!("prefilled {messages} messages for the stream");
                 stream = Some(streams::run_stream(&cli.url, &source, messages, workers, batch, limit).await);
             }
             if side(StreamSide::Plain) {
                 let plain_queue = format!("bench.streams.plain.{}", uuid::Uuid::now_v7().simple());
-                prefill(&cli.url, &plain_queue, messages, partitions, payload_pool(100, false)).await;
+                prefill(&cli.url, &plain_queue, messages, partitions, 1, payload_pool(100, false)).await;
                 println!("prefilled {messages} messages for the plain consume");
                 let started = Instant::now();
-                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false };
+                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1 };
                 consume(&cli.url, messages, partitions, batch, 1, workers, how, limit, 100).await;
                 plain = Some(messages as f64 / started.elapsed().as_secs_f64());
             }
@@ -355,7 +368,8 @@ async fn main() {
             coordination::timers(&cli.url, count.max(1), Duration::from_secs(start), Duration::from_secs(spread), concurrency.max(1)).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait } => {
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait, queues } => {
+            assert!(!(encrypted && queues > 1), "--encrypted configures one queue; use it without --queues");
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
                 (true, false) => Mode::AutoAck,
@@ -365,21 +379,21 @@ async fn main() {
             if encrypted {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
-            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false, trace, wait };
+            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false, trace, wait, queues: queues.max(1) };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fetch { messages, max_bytes, payload_size, duration } => {
             let queue = format!("bench.fetch.{}", uuid::Uuid::now_v7().simple());
             let filled = Instant::now();
-            prefill(&cli.url, &queue, messages, 1, payload_pool(payload_size, false)).await;
+            prefill(&cli.url, &queue, messages, 1, 1, payload_pool(payload_size, false)).await;
             println!("prefilled {messages} messages into one partition in {:.1}s", filled.elapsed().as_secs_f64());
             fetch_all(&cli.url, &queue, messages, max_bytes, Duration::from_secs(duration)).await;
-            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false };
+            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1 };
             consume(&cli.url, messages, 1, 500, 1, 1, how, Duration::from_secs(duration), payload_size).await
         }
-        Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size } => {
+        Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size, rate } => {
             let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
-            fanout(&cli.url, messages, shape, producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration)).await
+            fanout(&cli.url, messages, shape, producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration), rate).await
         }
         Scenario::E2e { rate, batch, partitions, consumers, duration, fsync_probe, payload_size } => {
             let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
@@ -523,7 +537,7 @@ async fn push(
     payload_size: usize,
     how: PushKind,
 ) {
-    let PushKind { binary, dedup_window, encrypted, random_payload, ids } = how;
+    let PushKind { binary, dedup_window, encrypted, random_payload, ids, queues } = how;
     let payloads = payload_pool(payload_size, random_payload);
     let started = Instant::now();
     let deadline = started + duration;
@@ -532,7 +546,7 @@ async fn push(
     for c in 0..concurrency {
         let client = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("http client builds");
         let endpoint = format!("{url}/api/v1/push");
-        let queue = queue.to_string();
+        let base = queue.to_string();
         let payloads = payloads.clone();
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -545,7 +559,8 @@ async fn push(
             // receiving `concurrency` requests in a row).
             let mut round = c;
             while Instant::now() < deadline {
-                let partition = format!("p{}", round % partitions);
+                let queue = queue_of(&base, queues, round);
+                let partition = format!("p{}", (round / queues) % partitions);
                 round += concurrency;
                 let payload = |k: usize| &payloads[(round * batch + k) % payloads.len()];
                 let (body, content_type) = if binary {
@@ -611,6 +626,18 @@ struct PushKind {
     encrypted: bool,
     random_payload: bool,
     ids: Ids,
+    /// Queues the requests are spread over (`push --queues`).
+    queues: usize,
+}
+
+/// The name of queue `i` of a run spread over `queues` queues: `base`
+/// itself when there is one.
+fn queue_of(base: &str, queues: usize, i: usize) -> String {
+    if queues <= 1 {
+        base.to_string()
+    } else {
+        format!("{base}.{}", i % queues)
+    }
 }
 
 /// Who mints a pushed message's transactionId (`push --ids`).
@@ -652,25 +679,37 @@ struct Drain {
     trace: bool,
     /// Long-polling pops.
     wait: bool,
+    /// Queues the backlog is spread over (`consume --queues`).
+    queues: usize,
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
 /// up to 1,000 per request (fewer when there are more partitions than
 /// 1,000-message chunks, so that every partition gets its share).
-async fn prefill(url: &str, queue: &str, messages: usize, partitions: usize, payloads: std::sync::Arc<Vec<String>>) {
+/// Pushes `messages` evenly over `queues` × `partitions` (queue-partition
+/// c gets chunk c, c + slots, …), a request carrying up to 1,000 messages:
+/// one partition's chunk, or the chunks of several shallow partitions, so
+/// a backlog of ten messages in each of 1,000,000 partitions takes 10,000
+/// requests, not 1,000,000.
+async fn prefill(url: &str, queue: &str, messages: usize, partitions: usize, queues: usize, payloads: std::sync::Arc<Vec<String>>) {
     let client = reqwest::Client::new();
-    let per = (messages / partitions).clamp(1, 1000);
+    let slots = partitions * queues;
+    let per = (messages / slots).clamp(1, 1000);
     let chunks: Vec<usize> = (0..messages.div_ceil(per)).collect();
+    let requests: Vec<Vec<usize>> = chunks.chunks((1000 / per).max(1)).map(<[usize]>::to_vec).collect();
     let mut tasks = Vec::new();
     for worker in 0..8 {
         let (client, url, queue, payloads) = (client.clone(), url.to_string(), queue.to_string(), payloads.clone());
-        let mine: Vec<usize> = chunks.iter().copied().filter(|c| c % 8 == worker).collect();
+        let mine: Vec<Vec<usize>> = requests.iter().enumerate().filter(|(i, _)| i % 8 == worker).map(|(_, r)| r.clone()).collect();
         tasks.push(tokio::spawn(async move {
-            for c in mine {
-                let n = per.min(messages - c * per);
-                let partition = format!("p{}", c % partitions);
-                let items: Vec<_> =
-                    (0..n).map(|k| json!({"queue": queue, "partition": partition, "payload": payloads[(c * per + k) % payloads.len()]})).collect();
+            for request in mine {
+                let mut items = Vec::new();
+                for c in request {
+                    let n = per.min(messages - c * per);
+                    let slot = c % slots;
+                    let (queue, partition) = (queue_of(&queue, queues, slot), format!("p{}", slot / queues));
+                    items.extend((0..n).map(|k| json!({"queue": queue, "partition": partition, "payload": payloads[(c * per + k) % payloads.len()]})));
+                }
                 let r = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await;
                 assert!(matches!(r, Ok(ref r) if r.status().as_u16() == 201), "prefill push failed");
             }
@@ -741,29 +780,46 @@ fn count_framed(body: &[u8]) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
-    let Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait } = how;
+    let Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues } = how;
     if !prefilled {
         let filled = Instant::now();
-        prefill(url, &queue, messages, partitions, payload_pool(payload_size, random_payload)).await;
+        prefill(url, &queue, messages, partitions, queues, payload_pool(payload_size, random_payload)).await;
         println!("prefilled {messages} messages in {:.1}s", filled.elapsed().as_secs_f64());
     }
     let consumed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let deadline = started + limit;
     let mut tasks = Vec::new();
-    for _ in 0..concurrency {
-        let (consumed, url, queue) = (consumed.clone(), url.to_string(), queue.clone());
+    for c in 0..concurrency {
+        let (consumed, url, base) = (consumed.clone(), url.to_string(), queue.clone());
         let client = reqwest::Client::new();
         tasks.push(tokio::spawn(async move {
             let auto_ack = mode != Mode::Leased;
             let frames = if mode == Mode::Frames { "&frames=true" } else { "" };
             let wait = if wait { "&wait=true&timeout=1000" } else { "" };
-            let pop = format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}{frames}{wait}");
+            // Over several queues, consumer c pops queues c, c + concurrency,
+            // … in turn, one pop each (all of them, in turn, when there are
+            // fewer queues than consumers).
+            let mine: Vec<usize> =
+                if queues > concurrency { (c..queues).step_by(concurrency).collect() } else { (0..queues).map(|q| (q + c) % queues).collect() };
+            let pops: Vec<String> = mine
+                .iter()
+                .map(|&q| {
+                    let queue = queue_of(&base, queues, q);
+                    format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}{frames}{wait}")
+                })
+                .collect();
+            let mut turn = 0usize;
             let mut first = None;
             while consumed.load(std::sync::atomic::Ordering::Relaxed) < messages && Instant::now() < deadline {
-                let Ok(r) = client.get(&pop).send().await else { continue };
+                let pop = &pops[turn % pops.len()];
+                turn += 1;
+                let Ok(r) = client.get(pop).send().await else { continue };
                 if r.status().as_u16() != 200 {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    // Nothing there: back off, once per round of its queues.
+                    if turn % pops.len() == 0 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                     continue;
                 }
                 first.get_or_insert_with(|| started.elapsed());
@@ -1086,7 +1142,9 @@ async fn long_poll_consumer(url: String, queue: String, group: String, epoch: In
     }
 }
 
-async fn fanout(url: &str, messages: usize, shape: Shape, producers: usize, groups: usize, consumers: usize, limit: Duration) {
+#[allow(clippy::too_many_arguments)]
+async fn fanout(url: &str, messages: usize, shape: Shape, producers: usize, groups: usize, consumers: usize, limit: Duration, rate: Option<f64>) {
+    let push_latencies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     let Shape { batch, partitions, payload_size } = shape;
     let queue = format!("bench.fanout.{}", uuid::Uuid::now_v7().simple());
     let epoch = Instant::now();
@@ -1106,7 +1164,7 @@ async fn fanout(url: &str, messages: usize, shape: Shape, producers: usize, grou
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut pushers = Vec::new();
     for _ in 0..producers {
-        let (next, url, queue) = (next.clone(), url.to_string(), queue.clone());
+        let (next, url, queue, push_latencies) = (next.clone(), url.to_string(), queue.clone(), push_latencies.clone());
         pushers.push(tokio::spawn(async move {
             let client = reqwest::Client::new();
             loop {
@@ -1114,6 +1172,12 @@ async fn fanout(url: &str, messages: usize, shape: Shape, producers: usize, grou
                 if r >= requests || Instant::now() >= deadline {
                     return;
                 }
+                // Paced: request r leaves no earlier than its place in the
+                // offered rate.
+                if let Some(rate) = rate {
+                    tokio::time::sleep_until((started + Duration::from_secs_f64((r * batch) as f64 / rate)).into()).await;
+                }
+                let sent = Instant::now();
                 let n = batch.min(messages - r * batch);
                 let t = epoch.elapsed().as_micros() as u64;
                 let partition = format!("p{}", r % partitions);
@@ -1121,6 +1185,7 @@ async fn fanout(url: &str, messages: usize, shape: Shape, producers: usize, grou
                 let items: Vec<_> = (0..n).map(|_| json!({"queue": queue, "partition": partition, "payload": payload})).collect();
                 let ok = client.post(format!("{url}/api/v1/push")).json(&json!({ "items": items })).send().await.is_ok_and(|r| r.status().as_u16() == 201);
                 assert!(ok, "fanout push failed");
+                push_latencies.lock().expect("latency lock").push(sent.elapsed());
             }
         }));
     }
@@ -1140,12 +1205,21 @@ async fn fanout(url: &str, messages: usize, shape: Shape, producers: usize, grou
     let mut l: Vec<Duration> = tallies.iter().flat_map(|t| t.latencies.lock().expect("latency lock").clone()).collect();
     l.sort();
     let (push_rate, delivery_rate) = (messages as f64 / pushed_in, delivered as f64 / secs);
+    let complete = tallies.iter().filter(|t| t.count.load(std::sync::atomic::Ordering::Relaxed) >= messages).count();
+    let mut pl = push_latencies.lock().expect("latency lock").clone();
+    pl.sort();
+    println!(
+        "push: {push_rate:.0} msg/s offered {}, request p50 {:.2} ms, p99 {:.2} ms; groups that read everything: {complete} of {groups}",
+        rate.map_or("as fast as possible".to_string(), |r| format!("{r:.0} msg/s")),
+        percentile_ms(&pl, 0.5),
+        percentile_ms(&pl, 0.99)
+    );
     println!("scenario  messages  groups  consumers/group  push msg/s  delivered  delivery msg/s  seconds  p50 ms   p99 ms   max ms");
     println!("fanout    {messages:<9} {groups:<7} {consumers:<16} {push_rate:<11.0} {delivered:<10} {delivery_rate:<15.0} {secs:<8.1} {:<8.2} {:<8.2} {:<8.2}",
              percentile_ms(&l, 0.5), percentile_ms(&l, 0.99), percentile_ms(&l, 1.0));
     println!("{}", json!({"scenario": "fanout", "messages": messages, "batch": batch, "partitions": partitions, "producers": producers,
                           "payload_size": payload_size,
-                          "groups": groups, "consumers_per_group": consumers, "push_msg_per_s": push_rate, "delivered": delivered,
+                          "groups": groups, "groups_complete": complete, "offered_rate": rate, "push_p99_ms": percentile_ms(&pl, 0.99), "consumers_per_group": consumers, "push_msg_per_s": push_rate, "delivered": delivered,
                           "delivery_msg_per_s": delivery_rate, "seconds": secs,
                           "latency_ms": {"p50": percentile_ms(&l, 0.5), "p90": percentile_ms(&l, 0.9), "p99": percentile_ms(&l, 0.99), "max": percentile_ms(&l, 1.0)}}));
 }
