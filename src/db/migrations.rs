@@ -62,6 +62,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(26, "0026_kafka_topics.sql"),
     migration!(27, "0027_kv_shared_writes.sql"),
     migration!(28, "0028_ack_handover.sql"),
+    migration!(29, "0029_partition_probe.sql"),
 ];
 
 /// The first migration of the development history squashed into the
