@@ -12,7 +12,7 @@
 #
 # 8 clients throughout. Private durable cluster, release broker, localhost.
 #
-# CASES (default "partitions queues groups") picks the parts; each runs on a
+# CASES (default "partitions queues groups drain") picks the parts; each runs on a
 # fresh broker of the same cluster:
 #
 #   queues: ROUNDS (3) rounds of push at batch 100 over one queue of 100,000
@@ -25,12 +25,18 @@
 #     once and stopped), ROUNDS rounds alternating; then GROUPS_MANY groups each draining while producers push
 #     at a paced FANOUT_RATE (100 msg/s) beside one group doing the same,
 #     and unpaced (as fast as the producers can) for the shared-CPU figure.
+#   drain: ROUNDS rounds of a leased drain (pop batch 100 over up to 50
+#     partitions, ack/batch, 4 consumers) of DRAIN_PER_PARTITION (5) messages
+#     in each of PARTITIONS_MANY partitions, beside the same number of
+#     messages in 10 partitions, alternating; each drain prefills a queue of
+#     its own (1,000 messages to a request).
 DURATION=${DURATION:-15}
 PARTITIONS_MANY=${PARTITIONS_MANY:-1000000}
-CASES=${CASES:-partitions queues groups}
+CASES=${CASES:-partitions queues groups drain}
 ROUNDS=${ROUNDS:-3}
 GROUPS_MANY=${GROUPS_MANY:-1000}
 FANOUT_RATE=${FANOUT_RATE:-100}
+DRAIN_PER_PARTITION=${DRAIN_PER_PARTITION:-5}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 BENCH=./target/release/queen-bench
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$BROKER_PID/status"; }
@@ -81,6 +87,19 @@ if wants groups; then
         echo "== $g groups draining, push as fast as 2 producers can (20,000 messages at batch 100)"
         "$BENCH" --url "$BROKER_URL" fanout --messages 20000 --batch 100 --partitions 10 --producers 2 \
             --groups "$g" --consumers 1 --duration 300 | head -3
+    done
+    stop_broker
+fi
+
+if wants drain; then
+    start_broker
+    messages=$((PARTITIONS_MANY * DRAIN_PER_PARTITION))
+    for round in $(seq 1 "$ROUNDS"); do
+        for parts in 10 "$PARTITIONS_MANY"; do
+            echo "== round $round: leased drain of $messages messages over $parts partitions"
+            "$BENCH" --url "$BROKER_URL" consume --messages "$messages" --partitions "$parts" --batch 100 \
+                --pop-partitions 50 --concurrency 4 --duration 1800 | tail -3 | head -2
+        done
     done
     stop_broker
 fi

@@ -195,10 +195,11 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         }
     };
     // The log's gauges, which read the spool too (so they start after it).
-    let (p, gauge_spool) = (store.pool.clone(), spool.clone());
+    let (p, gauge_spool, walk) = (store.pool.clone(), spool.clone(), Arc::new(std::sync::Mutex::new(crate::maintenance::gauges::Walk::default())));
+    let window = config.maintenance_window;
     crate::maintenance::spawn_service("gauges", config.stats_interval, stop_services.subscribe(), move || {
-        let (p, gauge_spool) = (p.clone(), gauge_spool.clone());
-        async move { crate::maintenance::gauges::tick(&p, gauge_spool.as_ref()).await }
+        let (p, gauge_spool, walk) = (p.clone(), gauge_spool.clone(), walk.clone());
+        async move { crate::maintenance::gauges::tick(&p, gauge_spool.as_ref(), &walk, window).await }
     });
     let flush_every = config.file_buffer_flush;
     let config_limits = config.limits.clone();
@@ -392,10 +393,10 @@ fn spawn_maintenance(config: &Config, pool: &deadpool_postgres::Pool, stop: &bro
         let p = p.clone();
         async move { retention::tick(&p, batch).await }
     });
-    let (p, batch) = (pool.clone(), config.retention_batch as i64);
+    let (p, batch, walk, window) = (pool.clone(), config.retention_batch as i64, Arc::new(std::sync::atomic::AtomicI64::new(0)), config.maintenance_window);
     spawn_service("dedup_purge", config.retention_interval, stop.subscribe(), move || {
-        let p = p.clone();
-        async move { dedup_purge::tick(&p, batch).await }
+        let (p, walk) = (p.clone(), walk.clone());
+        async move { dedup_purge::tick(&p, batch, &walk, window).await }
     });
     let (p, days, batch) = (pool.clone(), config.traces_retention_days, config.retention_batch);
     spawn_service("trace_sweeper", config.retention_interval, stop.subscribe(), move || {

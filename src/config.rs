@@ -229,6 +229,10 @@ pub struct Config {
     pub encryption: Option<EncryptionKeys>,
     /// How often the log's Prometheus gauges are recomputed.
     pub stats_interval: Duration,
+    /// Partitions one tick of a walking background pass reads (the gauges,
+    /// the dedup purge's search for due partitions): bounds a tick however
+    /// large the log is.
+    pub maintenance_window: i64,
     /// Cadence and batch of the `maxWaitTimeSeconds` eviction service.
     pub eviction_interval: Duration,
     pub eviction_batch: i64,
@@ -557,6 +561,9 @@ impl Config {
             stats_interval: env
                 .parse(&["STATS_INTERVAL_MS"], 10_000u64, "a whole number of milliseconds from 100 to 60000", |v| (100..=60_000).contains(v))
                 .map(Duration::from_millis)?,
+            maintenance_window: env.parse(&["QUEEN_MAINTENANCE_WINDOW"], 50_000i64, "a number of partitions from 10 to 10000000", |v| {
+                (10..=10_000_000).contains(v)
+            })?,
             eviction_interval: ms(&["EVICTION_INTERVAL"], 60_000, 100)?,
             eviction_batch: env.parse(&["EVICTION_BATCH_SIZE"], 1000i64, "a batch size of at least 1", |v| *v >= 1)?,
             timers_interval: ms(&["QUEEN_TIMERS_INTERVAL_MS"], 50, 5)?,
@@ -703,6 +710,7 @@ impl Config {
         ("QUEEN_ENCRYPTION_KEY", "", "64 hex characters: the AES-256-GCM key that seals the payloads of queues with encryptionEnabled; a malformed key stops the boot"),
         ("QUEEN_ENCRYPTION_KEYS", "", "comma list of older keys (64 hex characters each) still read, never written: a key rotation"),
         ("STATS_INTERVAL_MS", "10000", "ms between recomputations of the log's Prometheus gauges (per-queue pending, partitions, dead letters; per-group lag); at most 60000"),
+        ("QUEEN_MAINTENANCE_WINDOW", "50000", "partitions one tick of the log gauges and of the dedup purge's search reads, walking the log in id order: a tick costs the same at any log size, and a log larger than this is covered in several ticks (its gauges set once a walk ends)"),
         ("EVICTION_INTERVAL", "60000", "ms between passes of the maxWaitTimeSeconds eviction (messages waited past a queue's limit go to the dead-letter queue)"),
         ("EVICTION_BATCH_SIZE", "1000", "most messages one eviction pass dead-letters"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage (default `QUEEN_DATA_DIR/spool` on the embedded cluster); a broker replays only the files of its own database"),

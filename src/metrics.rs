@@ -60,6 +60,12 @@ pub const POP_BUSY_LOOKS: &str = "queen_pop_busy_looks_total";
 /// TransactionIds the broker holds in memory for the dedup windows of the
 /// partitions it writes (`push::dedup`).
 pub const DEDUP_MEMORY: &str = "queen_dedup_memory_entries";
+/// One tick of a background service, by `service` (`retention`,
+/// `dedup_purge`, `eviction`, …): what a pass costs, and whether a pass at
+/// this log's size stays bounded (`maintenance::spawn_service`).
+pub const MAINTENANCE_TICK: &str = "queen_maintenance_tick_seconds";
+/// Segments retention removed (`maintenance::retention`).
+pub const RETENTION_SEGMENTS: &str = "queen_retention_removed_segments_total";
 /// Queue wake-gate openings, by `how`: `push` (the first push to a queue in a
 /// 5 ms tick opens its gate at once) or `tick` (the later ones, coalesced).
 pub const WAKE_OPENS: &str = "queen_wake_gate_opens_total";

@@ -176,6 +176,21 @@ async fn the_dedup_purge_walks_a_long_history_in_passes() {
     .await;
 }
 
+/// The purge looks for due partitions a window at a time (issue 51): with
+/// windows of 10, all 25 partitions of a windowed queue are still marked.
+#[tokio::test]
+async fn the_dedup_purge_finds_due_partitions_over_several_windows() {
+    let b = Broker::start_with(&[("RETENTION_INTERVAL", "100"), ("QUEEN_MAINTENANCE_WINDOW", "10")]).await;
+    b.post("/api/v1/configure", json!({"queue": "wide", "options": {"dedupWindowSeconds": 1}})).await;
+    for n in 0..25 {
+        b.push_to("wide", &format!("p{n}"), &[json!(n)]).await;
+    }
+    eventually("every partition's segment to be purged", Duration::from_secs(10), || async {
+        count(&b, "SELECT count(*) FROM queen.dedup_purge_marks WHERE purged_below = 1").await == 25
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_partition_table_grown_past_twice_its_statistics_is_analyzed() {
     let b = Broker::start_with(&[("QUEEN_ANALYZE_INTERVAL_MS", "200")]).await;

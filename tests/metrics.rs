@@ -118,3 +118,35 @@ async fn queue_and_group_gauges_follow_what_was_pushed_and_consumed() {
     let lag_s = common::sample(&text, "queen_consumer_lag_seconds{queue=\"gq\",group=\"g\"}").unwrap();
     assert!((0.0..60.0).contains(&lag_s), "g waits on a message seconds old: {lag_s}");
 }
+
+/// A log larger than a tick's window is walked over several ticks, and its
+/// gauges add up every window (issue 51): 25 partitions in windows of 10,
+/// two queues interleaved so each window holds some of both.
+#[tokio::test]
+async fn gauges_of_a_log_walked_over_several_ticks_add_up_every_window() {
+    let b = Broker::start_with(&[("STATS_INTERVAL_MS", "100"), ("QUEEN_MAINTENANCE_WINDOW", "10")]).await;
+    for n in 0..25 {
+        let queue = if n % 5 == 0 { "walk-b" } else { "walk-a" };
+        b.push_to(queue, &format!("p{n}"), &[json!(n), json!(n)]).await;
+        // g reads one message of each partition: a lag of one everywhere.
+        let body = b.pop(&format!("/api/v1/pop/queue/{queue}/partition/p{n}?batch=1&consumerGroup=g&autoAck=true")).await;
+        assert_eq!(body.status, 200);
+    }
+    let expected = [
+        ("queen_queue_partitions{queue=\"walk-a\"}", 20.0),
+        ("queen_queue_partitions{queue=\"walk-b\"}", 5.0),
+        ("queen_queue_messages{queue=\"walk-a\"}", 40.0),
+        ("queen_queue_pending_messages{queue=\"walk-a\"}", 20.0),
+        ("queen_consumer_lag_messages{queue=\"walk-a\",group=\"g\"}", 20.0),
+        ("queen_consumer_lag_messages{queue=\"walk-b\",group=\"g\"}", 5.0),
+    ];
+    common::eventually("a walk over all three windows to set the gauges", std::time::Duration::from_secs(10), || async {
+        let text = b.prometheus().await;
+        expected.iter().all(|(series, v)| common::sample(&text, series) == Some(*v))
+    })
+    .await;
+    // Each window is one tick: a walk of 25 partitions took three.
+    let text = b.prometheus().await;
+    let ticks = common::sample(&text, "queen_maintenance_tick_seconds_count{service=\"gauges\"}").unwrap_or(0.0);
+    assert!(ticks >= 3.0, "{ticks} gauge ticks");
+}

@@ -245,6 +245,23 @@ enum Scenario {
         /// padded to this length (default: the stamp alone, about 20 bytes)
         #[arg(long)]
         payload_size: Option<usize>,
+        /// Queue name (default: a fresh one per run); an existing queue's
+        /// partitions `p0`, `p1`, … are pushed to as they are, so a queue
+        /// `fill` made wide measures long-polls spread over its partitions
+        #[arg(long)]
+        queue: Option<String>,
+    },
+    /// Only the prefill of `consume`: MESSAGES spread evenly over PARTITIONS
+    /// partitions (`p0`, `p1`, …) of QUEUE, up to 1,000 messages a request,
+    /// so a wide queue is made in seconds rather than one request per
+    /// partition
+    Fill {
+        #[arg(long)]
+        queue: String,
+        #[arg(long, default_value_t = 1_000_000)]
+        messages: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        partitions: usize,
     },
     /// One producer side, G consumer groups each reading everything
     Fanout {
@@ -395,9 +412,16 @@ async fn main() {
             let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
             fanout(&cli.url, messages, shape, producers.max(1), groups.max(1), consumers.max(1), Duration::from_secs(duration), rate).await
         }
-        Scenario::E2e { rate, batch, partitions, consumers, duration, fsync_probe, payload_size } => {
+        Scenario::E2e { rate, batch, partitions, consumers, duration, fsync_probe, payload_size, queue } => {
             let shape = Shape { batch: batch.max(1), partitions: partitions.max(1), payload_size };
-            e2e(&cli.url, rate.max(1), shape, consumers.max(1), Duration::from_secs(duration), fsync_probe).await
+            let queue = queue.unwrap_or_else(|| format!("bench.e2e.{}", uuid::Uuid::now_v7().simple()));
+            e2e(&cli.url, &queue, rate.max(1), shape, consumers.max(1), Duration::from_secs(duration), fsync_probe).await
+        }
+        Scenario::Fill { queue, messages, partitions } => {
+            let filled = Instant::now();
+            prefill(&cli.url, &queue, messages, partitions.max(1), 1, payload_pool(100, false)).await;
+            let secs = filled.elapsed().as_secs_f64();
+            println!("filled {messages} messages over {partitions} partitions of {queue} in {secs:.1} s ({:.0} msg/s)", messages as f64 / secs);
         }
     }
 }
@@ -939,16 +963,15 @@ fn stamped(t: u64, size: Option<usize>) -> serde_json::Value {
     json!({"t": t, "pad": "x".repeat(size.saturating_sub(stamp_len))})
 }
 
-async fn e2e(url: &str, rate: usize, shape: Shape, consumers: usize, duration: Duration, probe_dir: Option<std::path::PathBuf>) {
+async fn e2e(url: &str, queue: &str, rate: usize, shape: Shape, consumers: usize, duration: Duration, probe_dir: Option<std::path::PathBuf>) {
     let Shape { batch, partitions, payload_size } = shape;
-    let queue = format!("bench.e2e.{}", uuid::Uuid::now_v7().simple());
     let latencies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let epoch = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..consumers {
         let tally = Tally { latencies: latencies.clone(), count: Default::default() };
-        tasks.push(tokio::spawn(long_poll_consumer(url.to_string(), queue.clone(), "e2e".into(), epoch, tally, stop.clone())));
+        tasks.push(tokio::spawn(long_poll_consumer(url.to_string(), queue.to_string(), "e2e".into(), epoch, tally, stop.clone())));
     }
     // One producer loop per partition group, paced to the target rate.
     let requests_per_s = (rate as f64 / batch as f64).max(0.1);

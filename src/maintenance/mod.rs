@@ -39,7 +39,10 @@ where
                 _ = shutdown.recv() => return,
             }
             for _ in 0..100 {
-                match tick().await {
+                let started = std::time::Instant::now();
+                let done = tick().await;
+                metrics::histogram!(crate::metrics::MAINTENANCE_TICK, "service" => name).record(started.elapsed().as_secs_f64());
+                match done {
                     Ok(true) => continue,
                     Ok(false) => break,
                     Err(e) => {

@@ -30,6 +30,7 @@ pub async fn tick(pool: &Pool, batch: i32) -> Result<bool, DbError> {
     }
     tx.commit().await?;
     if !removed.is_empty() {
+        metrics::counter!(crate::metrics::RETENTION_SEGMENTS).increment(removed.len() as u64);
         tracing::debug!(segments = removed.len(), "retention removed segments");
     }
     Ok(removed.len() >= batch as usize)
