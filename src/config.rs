@@ -83,6 +83,9 @@ pub struct PopConfig {
     pub hotlist: bool,
     /// How often a ring is reseeded from SQL.
     pub hotlist_reseed: Duration,
+    /// Partitions of the queue one reseed reads (`QUEEN_MAINTENANCE_WINDOW`):
+    /// a larger queue is reseeded a window at a time, in name order.
+    pub hotlist_reseed_window: i64,
     /// Claim permits follow PostgreSQL's latency (`db::limiter`); off = a
     /// fixed three quarters of the pool.
     pub adaptive_permits: bool,
@@ -482,6 +485,9 @@ impl Config {
             (None, Database::Embedded { data_dir }) => data_dir.join("spool"),
             (None, _) => PathBuf::from("/var/lib/queen/buffers"),
         };
+        let maintenance_window = env.parse(&["QUEEN_MAINTENANCE_WINDOW"], 50_000i64, "a number of partitions from 10 to 10000000", |v| {
+            (10..=10_000_000).contains(v)
+        })?;
         Ok(Config {
             host: env.string(&["HOST"], "0.0.0.0"),
             port: env.parse(&["PORT"], 6632u16, "a port number 0-65535", |_| true)?,
@@ -530,6 +536,7 @@ impl Config {
                 },
                 hotlist: env.boolean(&["QUEEN_HOTLIST"], true)?,
                 hotlist_reseed: ms(&["QUEEN_HOTLIST_RESEED_MS"], 30_000, 100)?,
+                hotlist_reseed_window: maintenance_window,
                 adaptive_permits: env.boolean(&["QUEEN_POP_ADAPTIVE_PERMITS"], true)?,
                 autoack_async_commit: env.boolean(&["QUEEN_POP_AUTOACK_ASYNC_COMMIT"], false)?,
                 frame_cache_bytes: env.parse(&["QUEEN_POP_FRAME_CACHE_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
@@ -561,9 +568,7 @@ impl Config {
             stats_interval: env
                 .parse(&["STATS_INTERVAL_MS"], 10_000u64, "a whole number of milliseconds from 100 to 60000", |v| (100..=60_000).contains(v))
                 .map(Duration::from_millis)?,
-            maintenance_window: env.parse(&["QUEEN_MAINTENANCE_WINDOW"], 50_000i64, "a number of partitions from 10 to 10000000", |v| {
-                (10..=10_000_000).contains(v)
-            })?,
+            maintenance_window,
             eviction_interval: ms(&["EVICTION_INTERVAL"], 60_000, 100)?,
             eviction_batch: env.parse(&["EVICTION_BATCH_SIZE"], 1000i64, "a batch size of at least 1", |v| *v >= 1)?,
             timers_interval: ms(&["QUEEN_TIMERS_INTERVAL_MS"], 50, 5)?,
@@ -710,7 +715,7 @@ impl Config {
         ("QUEEN_ENCRYPTION_KEY", "", "64 hex characters: the AES-256-GCM key that seals the payloads of queues with encryptionEnabled; a malformed key stops the boot"),
         ("QUEEN_ENCRYPTION_KEYS", "", "comma list of older keys (64 hex characters each) still read, never written: a key rotation"),
         ("STATS_INTERVAL_MS", "10000", "ms between recomputations of the log's Prometheus gauges (per-queue pending, partitions, dead letters; per-group lag); at most 60000"),
-        ("QUEEN_MAINTENANCE_WINDOW", "50000", "partitions one tick of the log gauges and of the dedup purge's search reads, walking the log in id order: a tick costs the same at any log size, and a log larger than this is covered in several ticks (its gauges set once a walk ends)"),
+        ("QUEEN_MAINTENANCE_WINDOW", "50000", "partitions one tick of the log gauges, of the dedup purge's search and one reseed of a candidate ring read, walking in order: each costs the same at any log size, and a log (or queue) larger than this is covered in several (the gauges set once a walk ends)"),
         ("EVICTION_INTERVAL", "60000", "ms between passes of the maxWaitTimeSeconds eviction (messages waited past a queue's limit go to the dead-letter queue)"),
         ("EVICTION_BATCH_SIZE", "1000", "most messages one eviction pass dead-letters"),
         ("FILE_BUFFER_DIR", "/var/lib/queen/buffers", "spool for pushes during push maintenance or a database outage (default `QUEEN_DATA_DIR/spool` on the embedded cluster); a broker replays only the files of its own database"),

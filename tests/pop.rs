@@ -281,6 +281,61 @@ async fn a_push_through_another_broker_reaches_a_parked_long_poll_through_the_ba
 }
 
 
+/// A ring's reseed reads a window of its queue (issue 51): over 25
+/// partitions in windows of 10, a push through another broker to the last
+/// partition by name (`p9`, in the third window) still reaches a long-poll
+/// parked here, as the reseeds walk on.
+#[tokio::test]
+async fn a_reseed_walks_a_queue_wider_than_its_window() {
+    let here = Broker::start_with(&[("QUEEN_HOTLIST_RESEED_MS", "300"), ("QUEEN_PEER_HINTS", "false"), ("QUEEN_MAINTENANCE_WINDOW", "10")]).await;
+    let there = here.peer().await;
+    for n in 0..25 {
+        here.push_to("wide", &format!("p{n}"), &[json!(n)]).await;
+    }
+    let mut drained = 0;
+    while drained < 25 {
+        let r = here.pop("/api/v1/pop/queue/wide?consumerGroup=g&batch=10&autoAck=true").await;
+        assert_eq!(r.status, 200, "25 messages to drain, {drained} so far");
+        drained += r.body.unwrap()["messages"].as_array().unwrap().len();
+    }
+    let parked = {
+        let (http, url) = (here.http.clone(), format!("{}/api/v1/pop/queue/wide?consumerGroup=g&wait=true&timeout=9000&autoAck=true", here.url));
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = http.get(&url).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.ok(), started.elapsed())
+        })
+    };
+    here.until_parked(1).await;
+    there.push_to("wide", "p9", &[json!("last by name")]).await;
+    let (status, body, took) = parked.await.unwrap();
+    assert_eq!(status, 200, "the parked pop was answered");
+    assert_eq!(body.unwrap()["messages"][0]["data"], json!("last by name"));
+    assert!(took < Duration::from_secs(8), "answered by the walk's reseeds, not the 9 s deadline: {took:?}");
+
+    // The function the reseeds call: three windows cover the queue, each
+    // naming where the next starts; only partitions with data past g's
+    // cursor come back as pending (p9 is consumed by now: none).
+    there.push_to("wide", "p10", &[json!("again")]).await;
+    let sql = here.sql().await;
+    let mut after = String::new();
+    let mut seen_all = 0;
+    let mut pending = Vec::new();
+    for _ in 0..3 {
+        let rows = sql
+            .query("SELECT o_edge, o_seen, o_pending, o_partition FROM queen.hotlist_seed_window_v1(ARRAY['wide'], ARRAY['g'], ARRAY[$1], 10)", &[&after])
+            .await
+            .unwrap();
+        let (edge, seen): (String, i32) = (rows[0].get(0), rows[0].get(1));
+        seen_all += seen;
+        pending.extend(rows.iter().filter(|r| r.get::<_, bool>(2)).map(|r| r.get::<_, String>(3)));
+        after = edge;
+    }
+    assert_eq!(seen_all, 25, "three windows of 10, 10 and 5");
+    assert_eq!(pending, vec!["p10".to_string()]);
+    assert_eq!(after, "p9", "the last window ends at the last name");
+}
+
 /// One claim's answer in comparable form: its rows sorted by partition,
 /// kind and offset (the set-based pass answers its partitions before the
 /// ones it hands on), blobs as digests, then the group's cursor rows as

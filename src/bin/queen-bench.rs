@@ -203,6 +203,10 @@ enum Scenario {
         /// each consumer pops its share of them in turn, one pop each
         #[arg(long, default_value_t = 1)]
         queues: usize,
+        /// Drain this queue as it is (one `fill` made) instead of
+        /// pre-filling a fresh one: the clock measures the drain alone
+        #[arg(long, conflicts_with_all = ["encrypted", "queues"])]
+        queue: Option<String>,
     },
     /// Read one partition of a pre-filled backlog by offset (`POST
     /// /api/v1/fetch`, no lease), then drain the same partition with leased
@@ -385,18 +389,19 @@ async fn main() {
             coordination::timers(&cli.url, count.max(1), Duration::from_secs(start), Duration::from_secs(spread), concurrency.max(1)).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait, queues } => {
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait, queues, queue } => {
             assert!(!(encrypted && queues > 1), "--encrypted configures one queue; use it without --queues");
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
                 (true, false) => Mode::AutoAck,
                 (false, false) => Mode::Leased,
             };
-            let queue = format!("bench.consume.{}", uuid::Uuid::now_v7().simple());
+            let prefilled = queue.is_some();
+            let queue = queue.unwrap_or_else(|| format!("bench.consume.{}", uuid::Uuid::now_v7().simple()));
             if encrypted {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
-            let how = Drain { queue, mode, encrypted, random_payload, prefilled: false, trace, wait, queues: queues.max(1) };
+            let how = Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues: queues.max(1) };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fetch { messages, max_bytes, payload_size, duration } => {

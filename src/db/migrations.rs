@@ -63,6 +63,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(27, "0027_kv_shared_writes.sql"),
     migration!(28, "0028_ack_handover.sql"),
     migration!(29, "0029_partition_probe.sql"),
+    migration!(30, "0030_reseed_window.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -191,9 +192,11 @@ mod tests {
         // upgrade (0022_push_function_names.sql keeps them as wrappers;
         // 0023_lock_subjects.sql keeps the subject-less lock functions,
         // 0024_sealed_timers.sql the schedule that cannot seal,
-        // 0028_ack_handover.sql the plain ack without the handover).
+        // 0028_ack_handover.sql the plain ack without the handover,
+        // 0030_reseed_window.sql the reseed of whole queues).
         live.extend(
-            ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1"]
+            ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1",
+             "hotlist_seed_many_v1"]
                 .map(String::from),
         );
         let mut i = 0;

@@ -98,8 +98,8 @@ claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5
 // list functions name their rows.
 claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_partition, $11::text AS o_queue, c.*
     FROM queen.pop_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
-const RESEED_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.hotlist_seed_v1($1, $2)";
-const RESEED_MANY_SQL: &str = "SELECT o_ring, o_partition_id, o_partition FROM queen.hotlist_seed_many_v1($1, $2)";
+const RESEED_WINDOW_SQL: &str =
+    "SELECT o_ring, o_edge, o_seen, o_pending, o_partition_id, o_partition FROM queen.hotlist_seed_window_v1($1, $2, $3, $4)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v1($1, $2, $3, $4)";
 const PENDING_SQL: &str =
     "SELECT queen.has_pending_v1(q.id, $2) FROM queen.queues q WHERE q.name = $1";
@@ -193,30 +193,38 @@ pub async fn first_contact(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// Partitions of `queue` with pending data for `group` (the ring's reseed).
-pub async fn pending_partitions(
-    client: &deadpool_postgres::Client,
-    queue: &str,
-    group: &str,
-) -> Result<Vec<(i64, String)>, tokio_postgres::Error> {
-    let rows = query(client, RESEED_SQL, &[&queue, &group]).await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+/// What one ring's reseed found: the partitions of its window with pending
+/// data, and where its next reseed starts (`""`: the queue's first
+/// partition, the walk having reached the end).
+#[derive(Debug, Default, PartialEq)]
+pub struct ReseedWindow {
+    pub pending: Vec<(i64, String)>,
+    pub next_after: String,
 }
 
-/// [`pending_partitions`] for many rings in one round trip: one list per
-/// (queue, group) of `rings`, in order.
-pub async fn pending_partitions_many(
+/// Partitions with pending data for each (queue, group) of `rings`, reading
+/// at most `window` partitions of its queue in name order past its `after`
+/// (`queen.hotlist_seed_window_v1`): one round trip, one answer per ring, in
+/// order.
+pub async fn pending_partitions_window(
     client: &deadpool_postgres::Client,
     rings: &[(String, String)],
-) -> Result<Vec<Vec<(i64, String)>>, tokio_postgres::Error> {
+    after: &[String],
+    window: i64,
+) -> Result<Vec<ReseedWindow>, tokio_postgres::Error> {
     let queues: Vec<&str> = rings.iter().map(|(q, _)| q.as_str()).collect();
     let groups: Vec<&str> = rings.iter().map(|(_, g)| g.as_str()).collect();
-    let rows = query(client, RESEED_MANY_SQL, &[&queues, &groups]).await?;
-    let mut out = vec![Vec::new(); rings.len()];
+    let limit = i32::try_from(window).unwrap_or(i32::MAX);
+    let rows = query(client, RESEED_WINDOW_SQL, &[&queues, &groups, &after, &limit]).await?;
+    let mut out: Vec<ReseedWindow> = rings.iter().map(|_| ReseedWindow::default()).collect();
     for r in &rows {
-        let ring = r.get::<_, i32>(0) as usize;
-        if let Some(list) = ring.checked_sub(1).and_then(|i| out.get_mut(i)) {
-            list.push((r.get(1), r.get(2)));
+        let Some(ring) = (r.get::<_, i32>(0) as usize).checked_sub(1).and_then(|i| out.get_mut(i)) else { continue };
+        let (edge, seen): (String, i32) = (r.get(1), r.get(2));
+        if i64::from(seen) >= window {
+            ring.next_after = edge;
+        }
+        if r.get::<_, bool>(3) {
+            ring.pending.push((r.get(4), r.get(5)));
         }
     }
     Ok(out)

@@ -68,6 +68,11 @@ struct Ring {
     /// When a pop last planned or checked out on this ring: a ring no pop
     /// has used for [`RING_IDLE`] is dropped ([`HotList::evict_idle`]).
     last_used: Instant,
+    /// Where the next reseed's window starts: past this partition name (""
+    /// = the queue's first). A reseed reads `QUEEN_MAINTENANCE_WINDOW`
+    /// partitions of the queue, so a larger queue is walked over several
+    /// reseeds (`claim::pending_partitions_window`).
+    reseed_after: String,
     /// Every feed entry below this sequence number has been applied.
     seen: u64,
     /// Per partition, the feed's running total when this ring last applied
@@ -305,6 +310,7 @@ impl HotList {
 
     fn new_ring(&self, seeding: Option<Arc<Notify>>, seen: u64) -> Ring {
         Ring {
+            reseed_after: String::new(),
             seen,
             totals: HashMap::new(),
             ready: VecDeque::new(),
@@ -454,6 +460,21 @@ impl HotList {
     /// Adds every partition SQL says has pending data.
     pub fn reseed(&self, queue: &str, group: &str, pending: Vec<(i64, String)>) {
         self.with_ring(queue, group, |r| r.reseed(pending, jittered(self.reseed_every)));
+    }
+
+    /// Where (queue, group)'s next reseed window starts ("": no ring, or
+    /// the queue's first partition).
+    pub fn reseed_after(&self, queue: &str, group: &str) -> String {
+        self.with_ring(queue, group, |r| r.reseed_after.clone()).unwrap_or_default()
+    }
+
+    /// A reseed of one window: adds what it found pending and moves the
+    /// ring's walk on.
+    pub fn reseed_window(&self, queue: &str, group: &str, found: super::claim::ReseedWindow) {
+        self.with_ring(queue, group, |r| {
+            r.reseed(found.pending, jittered(self.reseed_every));
+            r.reseed_after = found.next_after;
+        });
     }
 
     /// Takes up to `k` ready candidates out of the ring.

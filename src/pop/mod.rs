@@ -550,8 +550,11 @@ impl PopService {
         let _permit = self.permit().await?;
         let client = self.connection().await?;
         if reseed {
-            let pending = claim::pending_partitions(&client, queue, &p.group).await?;
-            self.hotlist.reseed(queue, &p.group, pending);
+            let ring = [(queue.to_string(), p.group.clone())];
+            let after = [self.hotlist.reseed_after(queue, &p.group)];
+            if let Some(found) = claim::pending_partitions_window(&client, &ring, &after, self.cfg.hotlist_reseed_window).await?.pop() {
+                self.hotlist.reseed_window(queue, &p.group, found);
+            }
         }
         self.claim_ring_on(&client, queue, p, worker).await
     }

@@ -40,14 +40,15 @@ impl PopService {
         if due.is_empty() {
             return Ok(0);
         }
+        let after: Vec<String> = due.iter().map(|(queue, group)| self.hotlist.reseed_after(queue, group)).collect();
         let pending = {
             let _permit = self.permit().await?;
             let client = self.connection().await?;
-            claim::pending_partitions_many(&client, &due).await?
+            claim::pending_partitions_window(&client, &due, &after, self.cfg.hotlist_reseed_window).await?
         };
         for ((queue, group), found) in due.iter().zip(pending) {
-            let wake = !found.is_empty();
-            self.hotlist.reseed(queue, group, found);
+            let wake = !found.pending.is_empty();
+            self.hotlist.reseed_window(queue, group, found);
             if wake {
                 self.wake.pushed(queue);
             }
