@@ -12,7 +12,7 @@
 #
 # 8 clients throughout. Private durable cluster, release broker, localhost.
 #
-# CASES (default "partitions queues groups drain") picks the parts; each runs on a
+# CASES (default "partitions queues groups drain passes") picks the parts; each runs on a
 # fresh broker of the same cluster:
 #
 #   queues: ROUNDS (3) rounds of push at batch 100 over one queue of 100,000
@@ -30,13 +30,23 @@
 #     in each of PARTITIONS_MANY partitions, beside the same number of
 #     messages in 10 partitions, alternating; each drain prefills a queue of
 #     its own (1,000 messages to a request).
+#   passes: a queue of PARTITIONS_MANY partitions holding one message each
+#     (queen-bench fill); push at batch 100 to 10 partitions of another
+#     queue for DURATION s (its p99 without a pass), then again right after
+#     the wide queue's retention is set to 1 s, while retention removes its
+#     PARTITIONS_MANY segments (p99 during the pass; the pass is timed to
+#     its end), then once more after it; then long-poll e2e latency, one
+#     message a push at E2E_RATE (1,000) msg/s, spread over the wide
+#     queue's emptied partitions and over 10 partitions of a fresh queue
+#     (each group's first contact made before the clock starts).
 DURATION=${DURATION:-15}
 PARTITIONS_MANY=${PARTITIONS_MANY:-1000000}
-CASES=${CASES:-partitions queues groups drain}
+CASES=${CASES:-partitions queues groups drain passes}
 ROUNDS=${ROUNDS:-3}
 GROUPS_MANY=${GROUPS_MANY:-1000}
 FANOUT_RATE=${FANOUT_RATE:-100}
 DRAIN_PER_PARTITION=${DRAIN_PER_PARTITION:-5}
+E2E_RATE=${E2E_RATE:-1000}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 BENCH=./target/release/queen-bench
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$BROKER_PID/status"; }
@@ -100,6 +110,38 @@ if wants drain; then
             "$BENCH" --url "$BROKER_URL" consume --messages "$messages" --partitions "$parts" --batch 100 \
                 --pop-partitions 50 --concurrency 4 --duration 1800 | tail -3 | head -2
         done
+    done
+    stop_broker
+fi
+
+if wants passes; then
+    start_broker
+    "$BENCH" --url "$BROKER_URL" fill --queue scale-pass --messages "$PARTITIONS_MANY" --partitions "$PARTITIONS_MANY"
+    removed() { curl -s "$BROKER_URL/metrics/prometheus" | awk '/^queen_retention_removed_segments_total/ {n = int($2)} END {print n + 0}'; }
+    push_p99() {
+        echo "== push at batch 100, 10 partitions: $1"
+        "$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 --duration "$DURATION" --queue scale-pass-push | tail -2 | head -1
+    }
+    sleep 10
+    push_p99 "no pass running"
+    before=$(removed)
+    started=$(date +%s)
+    curl -sf -X POST "$BROKER_URL/api/v1/configure" -H 'content-type: application/json' \
+        -d '{"queue": "scale-pass", "options": {"retentionSeconds": 1}}' >/dev/null
+    push_p99 "while retention removes $PARTITIONS_MANY segments"
+    echo "removed during that push: $(( $(removed) - before ))"
+    until [ $(( $(removed) - before )) -ge "$PARTITIONS_MANY" ] || [ $(( $(date +%s) - started )) -gt 1800 ]; do sleep 1; done
+    echo "retention pass: $(( $(removed) - before )) segments removed in $(( $(date +%s) - started )) s"
+    push_p99 "after the pass"
+    # The second queue gets its 10 partitions and both get group e2e's
+    # first contact (its cursors seeded) before the clock starts.
+    "$BENCH" --url "$BROKER_URL" fill --queue scale-e2e-10 --messages 10 --partitions 10 >/dev/null
+    curl -sf -o /dev/null "$BROKER_URL/api/v1/pop/queue/scale-e2e-10?consumerGroup=e2e&batch=10&autoAck=true"
+    curl -s -o /dev/null "$BROKER_URL/api/v1/pop/queue/scale-pass?consumerGroup=e2e&batch=10&autoAck=true"
+    for q in scale-e2e-10:10 "scale-pass:$PARTITIONS_MANY"; do
+        echo "== long-poll e2e, one message a push at $E2E_RATE msg/s over ${q#*:} partitions"
+        "$BENCH" --url "$BROKER_URL" e2e --queue "${q%%:*}" --partitions "${q#*:}" --rate "$E2E_RATE" --batch 1 --consumers 8 \
+            --duration "$DURATION" | head -2
     done
     stop_broker
 fi

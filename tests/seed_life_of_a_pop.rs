@@ -228,26 +228,40 @@ async fn an_exhausted_pool_answers_500_pool_and_a_timed_out_claim_500_pop_failed
     let env = [("DB_POOL_SIZE", "2"), ("DB_CONNECTION_TIMEOUT", "300"), ("QUEEN_STMT_TIMEOUT_MS", "1500")];
     for (mode, b) in brokers_in_both_modes(&env).await {
         b.push_to("q", "p", &[json!(1)]).await;
-        let sql = b.sql().await;
-        // Hold the cursor table so claims block inside PostgreSQL, holding their connections.
-        sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let url = format!("{}/api/v1/pop/queue/q/partition/p", b.url);
-            tasks.push(tokio::spawn(async move {
-                let r = reqwest::get(url).await.unwrap();
-                (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
-            }));
-        }
-        let mut answers = Vec::new();
-        for t in tasks {
-            answers.push(t.await.unwrap());
-        }
-        sql.batch_execute("ROLLBACK").await.unwrap();
+        let answers = four_pops_while_the_cursors_are_locked(&b, "", None).await;
         assert!(answers.contains(&(500, json!({"error": "pool"}))), "{mode}: {answers:?}");
         assert!(answers.contains(&(500, json!({"error": "pop failed"}))), "{mode}: {answers:?}");
         assert_eq!(b.pop("/api/v1/pop/queue/q/partition/p").await.data(), [json!(1)], "{mode}: and the broker recovers");
     }
+}
+
+/// Four pops of q/p sent while a transaction holds the cursor table, so
+/// their claims block inside PostgreSQL holding their connections; the lock
+/// goes when all four have answered (`hold: None`) or after `hold`. Their
+/// answers (status, body), in the order sent.
+async fn four_pops_while_the_cursors_are_locked(b: &Broker, query: &str, hold: Option<Duration>) -> Vec<(u16, Value)> {
+    let sql = b.sql().await;
+    sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let url = format!("{}/api/v1/pop/queue/q/partition/p{query}", b.url);
+        tasks.push(tokio::spawn(async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }));
+    }
+    if let Some(hold) = hold {
+        tokio::time::sleep(hold).await;
+        sql.batch_execute("ROLLBACK").await.unwrap();
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    if hold.is_none() {
+        sql.batch_execute("ROLLBACK").await.unwrap();
+    }
+    answers
 }
 
 /// A long-poll is not a request that failed when the pool is busy: one that
@@ -260,23 +274,7 @@ async fn a_long_poll_that_meets_a_busy_pool_waits_instead_of_failing() {
     let env = [("DB_POOL_SIZE", "2"), ("DB_CONNECTION_TIMEOUT", "300")];
     for (mode, b) in brokers_in_both_modes(&env).await {
         b.push_to("q", "p", &[json!(1)]).await;
-        let sql = b.sql().await;
-        sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let url = format!("{}/api/v1/pop/queue/q/partition/p?wait=true&timeout=4000", b.url);
-            tasks.push(tokio::spawn(async move {
-                let r = reqwest::get(url).await.unwrap();
-                let status = r.status().as_u16();
-                (status, r.json::<Value>().await.unwrap_or(Value::Null))
-            }));
-        }
-        tokio::time::sleep(Duration::from_millis(1200)).await;
-        sql.batch_execute("ROLLBACK").await.unwrap();
-        let mut answers = Vec::new();
-        for t in tasks {
-            answers.push(t.await.unwrap());
-        }
+        let answers = four_pops_while_the_cursors_are_locked(&b, "?wait=true&timeout=4000", Some(Duration::from_millis(1200))).await;
         let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
         assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 1, "{mode}: one delivery: {answers:?}");
         assert_eq!(statuses.iter().filter(|s| **s == 204).count(), 3, "{mode}: the rest wait out their timeout: {answers:?}");

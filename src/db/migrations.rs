@@ -64,6 +64,8 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(28, "0028_ack_handover.sql"),
     migration!(29, "0029_partition_probe.sql"),
     migration!(30, "0030_reseed_window.sql"),
+    migration!(31, "0031_cursor_lag_by_cursor.sql"),
+    migration!(32, "0032_retention_walk.sql"),
 ];
 
 /// The first migration of the development history squashed into the

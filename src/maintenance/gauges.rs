@@ -64,25 +64,14 @@ const QUEUES_SQL: &str = "
     WHERE p.id > $1 AND p.id <= $2
     GROUP BY p.queue_id";
 
-/// Each (queue, group)'s lag over the cursors of one window's partitions:
-/// queen.cursor_lag's rule (0005_admin.sql), with the window on the cursors'
-/// own key. Through the view, the range is on the partitions' id only, and
-/// PostgreSQL read every cursor to join them (0.9 s a window at 1,000,000).
+/// Each (queue, group)'s lag over the cursors of one window's partitions
+/// (the view's partition_id is the cursor's own key since 0031, so the
+/// range reads the cursors' primary key).
 const GROUPS_SQL: &str = "
-    SELECT p.queue_id, c.consumer_group,
-           COALESCE(sum(GREATEST(p.last_offset - GREATEST(c.committed, p.log_start - 1), 0)), 0)::float8,
-           COALESCE(max(EXTRACT(EPOCH FROM now() - CASE WHEN p.last_offset > c.committed THEN COALESCE(
-               (SELECT CASE WHEN h.end_offset > c.committed THEN h.created_at END
-                FROM (SELECT s.end_offset, s.created_at FROM queen.segments s
-                      WHERE s.partition_id = p.id AND s.base_offset <= c.committed + 1
-                      ORDER BY s.base_offset DESC LIMIT 1) h),
-               (SELECT s.created_at FROM queen.segments s
-                WHERE s.partition_id = p.id AND s.base_offset > c.committed
-                ORDER BY s.base_offset LIMIT 1)) END)), 0)::float8
-    FROM queen.consumers c
-    JOIN queen.partitions p ON p.id = c.partition_id
-    WHERE c.partition_id > $1 AND c.partition_id <= $2 AND p.id > $1 AND p.id <= $2
-    GROUP BY p.queue_id, c.consumer_group";
+    SELECT queue_id, consumer_group, COALESCE(sum(offset_lag), 0)::float8,
+           COALESCE(max(EXTRACT(EPOCH FROM now() - oldest_unconsumed_at)), 0)::float8
+    FROM queen.cursor_lag WHERE partition_id > $1 AND partition_id <= $2
+    GROUP BY queue_id, consumer_group";
 
 /// One tick: the spool's gauges, the next window of the walk, and, when the
 /// walk reaches the last partition, every log gauge.
