@@ -141,7 +141,7 @@ if wants passes; then
     for q in scale-e2e-10:10 "scale-pass:$PARTITIONS_MANY"; do
         echo "== long-poll e2e, one message a push at $E2E_RATE msg/s over ${q#*:} partitions"
         "$BENCH" --url "$BROKER_URL" e2e --queue "${q%%:*}" --partitions "${q#*:}" --rate "$E2E_RATE" --batch 1 --consumers 8 \
-            --duration "$DURATION" | head -2
+            --duration "$DURATION" | sed -n 1,2p
     done
     stop_broker
 fi

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, Broker};
-use serde_json::json;
+use serde_json::{json, Value};
 
 async fn fast_broker() -> Broker {
     Broker::start_with(&[("RETENTION_INTERVAL", "300"), ("METRICS_FLUSH_MS", "300")]).await
@@ -42,6 +42,26 @@ async fn retention_removes_old_segments_and_a_cursor_in_the_gap_moves_on() {
     assert_eq!(count(&b, "SELECT log_start FROM queen.partitions").await, 1, "log_start follows the first kept offset");
     assert_eq!(b.pop("/api/v1/pop/queue/ret/partition/p?consumerGroup=h").await.data(), [json!("new")]);
     assert_eq!(b.pop("/api/v1/pop/queue/ret/partition/p?consumerGroup=fresh").await.data(), [json!("new")]);
+}
+
+/// A partition retention emptied holds nothing to read, whatever a new
+/// group's cursor says (issue 51): a group's first contact with 200 emptied
+/// partitions seeds none of them, so its first pop finds the one message
+/// pushed since, instead of claiming its way through 200 empty candidates
+/// and answering empty.
+#[tokio::test]
+async fn partitions_retention_emptied_are_no_candidates_for_a_new_group() {
+    let b = fast_broker().await;
+    b.post("/api/v1/configure", json!({"queue": "emptied", "options": {"retentionSeconds": 1}})).await;
+    let items: Vec<Value> = (0..200).map(|n| json!({"queue": "emptied", "partition": format!("p{n:03}"), "payload": n})).collect();
+    b.post("/api/v1/push", json!({ "items": items })).await;
+    eventually("retention to empty every partition", Duration::from_secs(8), || async {
+        count(&b, "SELECT count(*) FROM queen.segments").await == 0
+    })
+    .await;
+    b.push_to("emptied", "p199", &[json!("new")]).await;
+    let r = b.pop("/api/v1/pop/queue/emptied?consumerGroup=late&batch=10&partitions=4").await;
+    assert_eq!(r.data(), [json!("new")], "the new message, on the first pop");
 }
 
 #[tokio::test]

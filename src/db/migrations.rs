@@ -66,6 +66,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(30, "0030_reseed_window.sql"),
     migration!(31, "0031_cursor_lag_by_cursor.sql"),
     migration!(32, "0032_retention_walk.sql"),
+    migration!(33, "0033_pending_holds_a_message.sql"),
 ];
 
 /// The first migration of the development history squashed into the

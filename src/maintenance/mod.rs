@@ -23,8 +23,12 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 /// Runs `tick` every `every` until shutdown. A tick that reports more work
-/// left (`Ok(true)`) is followed at once by another, up to a bound, so a
-/// backlog drains without waiting a full interval per batch.
+/// left (`Ok(true)`) is followed by another, up to a bound, so a backlog
+/// drains without waiting a full interval per batch; between them the
+/// service rests as long as the tick took (at most a second), so a backlog
+/// takes at most half of one connection's time and the pushes and pops
+/// beside it keep theirs (a retention pass over 1,000,000 segments run back
+/// to back raised the push p99 1.57-fold on two cores, issue 51).
 pub fn spawn_service<F, Fut>(name: &'static str, every: Duration, mut shutdown: broadcast::Receiver<()>, mut tick: F)
 where
     F: FnMut() -> Fut + Send + 'static,
@@ -43,7 +47,7 @@ where
                 let done = tick().await;
                 metrics::histogram!(crate::metrics::MAINTENANCE_TICK, "service" => name).record(started.elapsed().as_secs_f64());
                 match done {
-                    Ok(true) => continue,
+                    Ok(true) => tokio::time::sleep(started.elapsed().min(Duration::from_secs(1))).await,
                     Ok(false) => break,
                     Err(e) => {
                         tracing::warn!(service = name, error = %e, "maintenance tick failed; retrying next tick");
