@@ -31,14 +31,14 @@
 #     messages in 10 partitions, alternating; each drain prefills a queue of
 #     its own (1,000 messages to a request).
 #   passes: a queue of PARTITIONS_MANY partitions holding one message each
-#     (queen-bench fill); push at batch 100 to 10 partitions of another
-#     queue for DURATION s (its p99 without a pass), then again right after
-#     the wide queue's retention is set to 1 s, while retention removes its
-#     PARTITIONS_MANY segments (p99 during the pass; the pass is timed to
-#     its end), then once more after it; then long-poll e2e latency, one
-#     message a push at E2E_RATE (1,000) msg/s, spread over the wide
-#     queue's emptied partitions and over 10 partitions of a fresh queue
-#     (each group's first contact made before the clock starts).
+#     (queen-bench fill), read to its end by group e2e (autoAck), beside 10
+#     partitions read the same way; long-poll e2e latency, one message a
+#     push at E2E_RATE (1,000) msg/s, over the 10 and over the
+#     PARTITIONS_MANY partitions; then push at batch 100 to 10 partitions of
+#     another queue for DURATION s (its p99 without a pass), again right
+#     after the wide queue's retention is set to 1 s, while retention
+#     removes its segments (p99 during the pass; the pass is timed to its
+#     end), and once more after it.
 DURATION=${DURATION:-15}
 PARTITIONS_MANY=${PARTITIONS_MANY:-1000000}
 CASES=${CASES:-partitions queues groups drain passes}
@@ -117,6 +117,19 @@ fi
 if wants passes; then
     start_broker
     "$BENCH" --url "$BROKER_URL" fill --queue scale-pass --messages "$PARTITIONS_MANY" --partitions "$PARTITIONS_MANY"
+    # Long-polls over the wide queue: group e2e reads what fill wrote first,
+    # so its cursors stand at the end of every partition, as those of
+    # consumers keeping up do; the 10-partition queue gets the same.
+    "$BENCH" --url "$BROKER_URL" fill --queue scale-e2e-10 --messages 10 --partitions 10 >/dev/null
+    for q in scale-e2e-10:10 "scale-pass:$PARTITIONS_MANY"; do
+        "$BENCH" --url "$BROKER_URL" consume --queue "${q%%:*}" --group e2e --auto-ack --messages "${q#*:}" --partitions "${q#*:}" \
+            --batch 100 --pop-partitions 100 --concurrency 4 --duration 600 | tail -2 | head -1
+    done
+    for q in scale-e2e-10:10 "scale-pass:$PARTITIONS_MANY"; do
+        echo "== long-poll e2e, one message a push at $E2E_RATE msg/s over ${q#*:} partitions"
+        "$BENCH" --url "$BROKER_URL" e2e --queue "${q%%:*}" --partitions "${q#*:}" --rate "$E2E_RATE" --batch 1 --consumers 8 \
+            --duration "$DURATION" | sed -n 1,2p
+    done
     removed() { curl -s "$BROKER_URL/metrics/prometheus" | awk '/^queen_retention_removed_segments_total/ {n = int($2)} END {print n + 0}'; }
     push_p99() {
         echo "== push at batch 100, 10 partitions: $1"
@@ -124,25 +137,16 @@ if wants passes; then
     }
     sleep 10
     push_p99 "no pass running"
+    segments=$("${PSQL[@]}" -Atc "SELECT count(*) FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id JOIN queen.queues q ON q.id = p.queue_id WHERE q.name = 'scale-pass'")
     before=$(removed)
     started=$(date +%s)
     curl -sf -X POST "$BROKER_URL/api/v1/configure" -H 'content-type: application/json' \
         -d '{"queue": "scale-pass", "options": {"retentionSeconds": 1}}' >/dev/null
-    push_p99 "while retention removes $PARTITIONS_MANY segments"
+    push_p99 "while retention removes $segments segments of $PARTITIONS_MANY partitions"
     echo "removed during that push: $(( $(removed) - before ))"
-    until [ $(( $(removed) - before )) -ge "$PARTITIONS_MANY" ] || [ $(( $(date +%s) - started )) -gt 1800 ]; do sleep 1; done
+    until [ $(( $(removed) - before )) -ge "$segments" ] || [ $(( $(date +%s) - started )) -gt 1800 ]; do sleep 1; done
     echo "retention pass: $(( $(removed) - before )) segments removed in $(( $(date +%s) - started )) s"
     push_p99 "after the pass"
-    # The second queue gets its 10 partitions and both get group e2e's
-    # first contact (its cursors seeded) before the clock starts.
-    "$BENCH" --url "$BROKER_URL" fill --queue scale-e2e-10 --messages 10 --partitions 10 >/dev/null
-    curl -sf -o /dev/null "$BROKER_URL/api/v1/pop/queue/scale-e2e-10?consumerGroup=e2e&batch=10&autoAck=true"
-    curl -s -o /dev/null "$BROKER_URL/api/v1/pop/queue/scale-pass?consumerGroup=e2e&batch=10&autoAck=true"
-    for q in scale-e2e-10:10 "scale-pass:$PARTITIONS_MANY"; do
-        echo "== long-poll e2e, one message a push at $E2E_RATE msg/s over ${q#*:} partitions"
-        "$BENCH" --url "$BROKER_URL" e2e --queue "${q%%:*}" --partitions "${q#*:}" --rate "$E2E_RATE" --batch 1 --consumers 8 \
-            --duration "$DURATION" | sed -n 1,2p
-    done
     stop_broker
 fi
 

@@ -207,6 +207,10 @@ enum Scenario {
         /// pre-filling a fresh one: the clock measures the drain alone
         #[arg(long, conflicts_with_all = ["encrypted", "queues"])]
         queue: Option<String>,
+        /// The consumer group: `bench`, or `e2e` (the group `e2e` reads
+        /// with), to bring its cursors to the end of a queue first
+        #[arg(long, default_value = "bench", value_parser = ["bench", "e2e"])]
+        group: String,
     },
     /// Read one partition of a pre-filled backlog by offset (`POST
     /// /api/v1/fetch`, no lease), then drain the same partition with leased
@@ -373,7 +377,7 @@ async fn main() {
                 prefill(&cli.url, &plain_queue, messages, partitions, 1, payload_pool(100, false)).await;
                 println!("prefilled {messages} messages for the plain consume");
                 let started = Instant::now();
-                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1 };
+                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1, group: "bench" };
                 consume(&cli.url, messages, partitions, batch, 1, workers, how, limit, 100).await;
                 plain = Some(messages as f64 / started.elapsed().as_secs_f64());
             }
@@ -389,7 +393,7 @@ async fn main() {
             coordination::timers(&cli.url, count.max(1), Duration::from_secs(start), Duration::from_secs(spread), concurrency.max(1)).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait, queues, queue } => {
+        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait, queues, queue, group } => {
             assert!(!(encrypted && queues > 1), "--encrypted configures one queue; use it without --queues");
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
@@ -401,7 +405,8 @@ async fn main() {
             if encrypted {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
-            let how = Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues: queues.max(1) };
+            let group: &'static str = if group == "e2e" { "e2e" } else { "bench" };
+            let how = Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues: queues.max(1), group };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fetch { messages, max_bytes, payload_size, duration } => {
@@ -410,7 +415,7 @@ async fn main() {
             prefill(&cli.url, &queue, messages, 1, 1, payload_pool(payload_size, false)).await;
             println!("prefilled {messages} messages into one partition in {:.1}s", filled.elapsed().as_secs_f64());
             fetch_all(&cli.url, &queue, messages, max_bytes, Duration::from_secs(duration)).await;
-            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1 };
+            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1, group: "bench" };
             consume(&cli.url, messages, 1, 500, 1, 1, how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size, rate } => {
@@ -710,6 +715,8 @@ struct Drain {
     wait: bool,
     /// Queues the backlog is spread over (`consume --queues`).
     queues: usize,
+    /// The consumer group that drains it.
+    group: &'static str,
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
@@ -809,7 +816,7 @@ fn count_framed(body: &[u8]) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
-    let Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues } = how;
+    let Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues, group } = how;
     if !prefilled {
         let filled = Instant::now();
         prefill(url, &queue, messages, partitions, queues, payload_pool(payload_size, random_payload)).await;
@@ -835,7 +842,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                 .iter()
                 .map(|&q| {
                     let queue = queue_of(&base, queues, q);
-                    format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup=bench&autoAck={auto_ack}{frames}{wait}")
+                    format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup={group}&autoAck={auto_ack}{frames}{wait}")
                 })
                 .collect();
             let mut turn = 0usize;
@@ -861,7 +868,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                 let answer: PopAnswer = serde_json::from_slice(&bytes).expect("pop answer is JSON");
                 if trace {
                     for m in &answer.messages {
-                        let body = json!({"transactionId": m.transaction_id, "partitionId": m.partition_id, "consumerGroup": "bench",
+                        let body = json!({"transactionId": m.transaction_id, "partitionId": m.partition_id, "consumerGroup": group,
                                           "traceNames": ["bench"], "eventType": "processed", "data": {"step": "handled"}});
                         let r = client.post(format!("{url}/api/v1/traces")).json(&body).send().await;
                         assert!(r.map(|r| r.status().is_success()).unwrap_or(false), "a trace was refused");
@@ -871,7 +878,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                     let _ = client
                         .post(format!("{url}/api/v1/ack/batch"))
                         .header("content-type", "application/json")
-                        .body(ack_body(&answer, "bench"))
+                        .body(ack_body(&answer, group))
                         .send()
                         .await;
                 }
