@@ -457,7 +457,9 @@ impl HotList {
         .flatten()
     }
 
-    /// Adds every partition SQL says has pending data.
+    /// Adds every partition SQL says has pending data (the tests' reseed of
+    /// a whole queue; the broker reseeds a window at a time, `reseed_window`).
+    #[cfg(test)]
     pub fn reseed(&self, queue: &str, group: &str, pending: Vec<(i64, String)>) {
         self.with_ring(queue, group, |r| r.reseed(pending, jittered(self.reseed_every)));
     }
