@@ -306,12 +306,14 @@ async fn fifty_concurrent_pushers_to_one_partition_get_gap_free_offsets_in_few_s
     assert_eq!(hashes, n, "each segment carries one hash per message");
 }
 
-/// Batch-1 producers spread over many partitions: their segments are
-/// committed in groups (one writer, so groups must form), and every
+/// Batch-1 producers spread over many partitions of several queues: their
+/// segments are committed in groups (one writer, so groups must form), each
+/// group one call of the write function whatever queues it spans, and every
 /// partition still gets gap-free offsets in each pusher's order.
 #[tokio::test]
 async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
-    let b = Broker::start_with(&[("QUEEN_PUSH_GROUP_WRITERS", "1")]).await;
+    let mut b = common::broker_counting_calls(&[("QUEEN_PUSH_GROUP_WRITERS", "1")]).await;
+    const QUEUES: usize = 8;
     const PUSHERS: usize = 48;
     const EACH: usize = 10;
     const PARTITIONS: usize = 16;
@@ -321,8 +323,8 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
         let url = format!("{}/api/v1/push", b.url);
         tasks.push(tokio::spawn(async move {
             for i in 0..EACH {
-                // Two queues, so groups also span queues.
-                let queue = if p % 2 == 0 { "thin.a" } else { "thin.b" };
+                // Several queues, so groups also span queues.
+                let queue = format!("thin.q{}", p % QUEUES);
                 let partition = format!("p{}", p % PARTITIONS);
                 let body = json!({"items": [{"queue": queue, "partition": partition, "payload": {"p": p, "i": i},
                                              "transactionId": format!("{p}-{i}")}]});
@@ -336,9 +338,9 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
     }
     let sql = b.sql().await;
     let mut total = 0;
-    for queue in ["thin.a", "thin.b"] {
+    for queue in (0..QUEUES).map(|q| format!("thin.q{q}")) {
         for part in 0..PARTITIONS {
-            let stored = stored_messages(&sql, queue, &format!("p{part}")).await;
+            let stored = stored_messages(&sql, &queue, &format!("p{part}")).await;
             if stored.is_empty() {
                 continue;
             }
@@ -362,6 +364,10 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
     let (grouped, groups) = (metric("queen_push_group_segments_sum"), metric("queen_push_group_segments_count"));
     assert_eq!(grouped as i64, segments, "every segment went through a group commit");
     assert!(groups < grouped, "{groups} group commits for {grouped} segments: no group carried two");
+    drop(sql);
+    let calls = common::calls_after_exit(&mut b).await;
+    assert_eq!(calls("push_segments_of_queues_v1") as f64, groups, "one call a group, whatever queues it spans");
+    assert_eq!(calls("push_segment_without_window_v1"), 0, "every queue keeps a window");
 }
 
 /// The transactionId hasher of the test's database (its `queen.dedup_key`).
@@ -413,21 +419,6 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
     let original = first[0]["messageId"].as_str().unwrap().to_string();
     let sql = b.sql().await;
     let dup = database_hasher(&sql).await.hash(first[0]["transactionId"].as_str().unwrap());
-    let blob = |frames: &[&str]| {
-        let mut raw = Vec::new();
-        for f in frames {
-            let frame = queen::log::Frame {
-                message_id: uuid::Uuid::now_v7(),
-                trace_id: None,
-                transaction_id: f,
-                producer_sub: None,
-                encrypted: false,
-                payload: b"1",
-            };
-            frame.encode_into(&mut raw).expect("test frame fits");
-        }
-        queen::log::compress_frames(&raw, 3)
-    };
     let blobs = vec![blob(&["a1", "a2"]), blob(&["b1", "dup"]), blob(&["c1"])];
     let rows = sql
         .query(
@@ -492,6 +483,76 @@ async fn a_group_call_refuses_only_the_segment_with_a_duplicate() {
         .unwrap_err();
     let message = twice.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
     assert!(message.contains("a partition appears twice"), "{twice:?}");
+}
+
+/// A segment blob of frames with these transactionIds (payload `1`).
+fn blob(frames: &[&str]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for f in frames {
+        let frame = queen::log::Frame {
+            message_id: uuid::Uuid::now_v7(),
+            trace_id: None,
+            transaction_id: f,
+            producer_sub: None,
+            encrypted: false,
+            payload: b"1",
+        };
+        frame.encode_into(&mut raw).expect("test frame fits");
+    }
+    queen::log::compress_frames(&raw, 3)
+}
+
+/// `queen.push_segments_of_queues_v1` writes segments of several queues in
+/// one call, each by its own queue's rules: a queue without a window keeps
+/// no hashes and checks nothing, a duplicate in a queue with one refuses
+/// only its segment, a queue the call names first is created (with the
+/// default window), and each row names its segment by its place in the
+/// call, whatever order the locks were taken in.
+#[tokio::test]
+async fn one_call_writes_the_segments_of_several_queues_each_by_its_window() {
+    let b = Broker::start().await;
+    let (status, _) = b.post("/api/v1/configure", json!({"queue": "plain", "options": {"dedupWindowSeconds": 0}})).await;
+    assert_eq!(status, 200);
+    let first = b.push_to("kept", "b", &[json!("original")]).await;
+    let sql = b.sql().await;
+    let dup = database_hasher(&sql).await.hash(first[0]["transactionId"].as_str().unwrap());
+    let rows = sql
+        .query(
+            "SELECT o_seg, o_window, o_base_offset, o_dup_index FROM queen.push_segments_of_queues_v1($1, $2, $3, $4, $5, $6, $7, $8)
+             WHERE o_seen_base IS NULL ORDER BY o_seg",
+            &[
+                &vec!["plain", "kept", "new.q", "kept"],
+                &vec!["a", "b", "z", "a"],
+                &vec![1i32, 2, 1, 1],
+                &vec![blob(&["x"]), blob(&["b1", "dup"]), blob(&["z1"]), blob(&["a1"])],
+                &vec![41i64, 42, dup, 43, 44],
+                &vec![None::<i64>; 4],
+                &vec![None::<i64>; 4],
+                &vec![None::<i32>; 4],
+            ],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(i32, i32, Option<i64>, Option<i32>)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    assert_eq!(got, vec![(1, 0, Some(0), None), (2, 3600, None, Some(1)), (3, 3600, Some(0), None), (4, 3600, Some(0), None)]);
+    let stored: Vec<(String, String, i64, Option<Vec<i64>>)> = sql
+        .query(
+            "SELECT q.name, p.name, p.last_offset, s.txn_hashes FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id
+             LEFT JOIN queen.segments s ON s.partition_id = p.id ORDER BY q.name, p.name, s.base_offset",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let expected = vec![
+        ("kept".to_string(), "a".to_string(), 0, Some(vec![44])),
+        ("kept".into(), "b".into(), 0, Some(vec![dup])),
+        ("new.q".into(), "z".into(), 0, Some(vec![43])),
+        ("plain".into(), "a".into(), 0, None),
+    ];
+    assert_eq!(stored, expected, "b's offsets were given back; only queues with a window keep hashes");
 }
 
 /// API.md §3: flag-8 groups are stored as they came, and repacked only when
@@ -597,7 +658,7 @@ async fn unknown_api_routes_answer_json_404() {
 }
 
 /// A queue with a dedup window (or one not yet known) is written through
-/// `push_segments_with_memory_v1`, and a duplicate the broker remembers is
+/// `push_segments_of_queues_v1`, and a duplicate the broker remembers is
 /// answered without a write; once the broker knows a queue keeps no window,
 /// its segments go to `push_segment_without_window_v1`, which keeps no
 /// hashes. The previous version's names are wrappers nothing here calls. What is known
@@ -638,9 +699,10 @@ async fn each_queue_is_written_through_the_function_its_window_calls_for() {
     assert_eq!(hashed, vec![("dd".to_string(), 4), ("w0".to_string(), 0)], "only a queue with a window stores hashes");
     drop(sql);
     let calls = common::calls_after_exit(&mut b).await;
-    assert_eq!(calls("push_segments_with_memory_v1"), 5, "dd's four writes and w0's first (its window not yet known)");
+    assert_eq!(calls("push_segments_of_queues_v1"), 5, "dd's four writes and w0's first (its window not yet known)");
     assert_eq!(calls("push_segment_without_window_v1"), 3, "w0's writes once its window is known");
-    assert_eq!((calls("push_segments_v2"), calls("push_segment_v1")), (0, 0), "the wrappers are the previous version's");
+    let wrappers = (calls("push_segments_with_memory_v1"), calls("push_segments_v2"), calls("push_segment_v1"));
+    assert_eq!(wrappers, (0, 0, 0), "the one-queue functions are the previous versions'");
 }
 
 /// The ids of a push answer by transactionId: (status, messageId).

@@ -67,6 +67,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(31, "0031_cursor_lag_by_cursor.sql"),
     migration!(32, "0032_retention_walk.sql"),
     migration!(33, "0033_pending_holds_a_message.sql"),
+    migration!(34, "0034_push_across_queues.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -210,9 +210,9 @@ impl Coalescer {
                 return Ok(SegmentWrite::Duplicates { partition_id: known.pid, window: window.unwrap_or(1), dups });
             }
         }
-        let segment = MemorySegment { partition, hashes, blob: &blob, known: check.known };
-        let appended = append_with_memory(client, queue, std::slice::from_ref(&segment)).await?.pop();
-        let appended = appended.ok_or_else(|| DbError::Unexpected("push_segments_with_memory_v1 answered nothing".into()))?;
+        let segment = MemorySegment { queue, partition, hashes, blob: &blob, known: check.known };
+        let appended = append_with_memory(client, std::slice::from_ref(&segment)).await?.pop();
+        let appended = appended.ok_or_else(|| DbError::Unexpected("push_segments_of_queues_v1 answered nothing".into()))?;
         dedup.absorb(queue, partition, check.known, &appended.answer, None);
         Ok(appended.write)
     }

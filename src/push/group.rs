@@ -10,7 +10,9 @@
 //! keeps at most `writers` group writes in flight (the queue is `db::share`'s,
 //! bounded by MAX_SEGMENTS and MAX_BYTES a write). While those run, segments
 //! of other lanes pile up, and the next group write takes them all: one call
-//! of `queen.push_segments_with_memory_v1` per queue in one transaction. Like the lanes,
+//! of `queen.push_segments_of_queues_v1`, whatever queues they are of (one
+//! call per queue cost a queue-per-push workload twice PostgreSQL's time per
+//! message, docs/PERFORMANCE.md). Like the lanes,
 //! this batches exactly what load produces and never waits on a timer: an
 //! idle broker's segment goes out at once.
 //!
@@ -18,7 +20,6 @@
 //! fail its neighbours; only when PostgreSQL cannot be reached at all does
 //! every segment of the group get that error (each would meet it alone).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,12 +35,13 @@ use crate::db::DbError;
 const MAX_SEGMENTS: usize = 256;
 /// Most compressed bytes one group write carries.
 const MAX_BYTES: usize = 8 << 20;
-/// Fewest segments of a queue without a dedup window worth one
-/// `push_segments_with_memory_v1` call: its set-based statements cost
+/// Fewest segments worth one `push_segments_of_queues_v1` call when all of
+/// them are of queues without a dedup window: its set-based statements cost
 /// PostgreSQL more than `push_segment_without_window_v1` for one segment and
 /// break even near two (pgbench, docs/PERFORMANCE.md), so smaller sets go as
-/// single calls inside the group's transaction. A queue with a window (or
-/// not yet known) is one set-based call however few its segments.
+/// single calls inside the group's transaction. A group holding a segment
+/// of a queue with a window (or not yet known) is one set-based call
+/// however few its segments.
 const MULTI_MIN: usize = 3;
 
 type Reply = oneshot::Sender<Result<Appended, Arc<PushError>>>;
@@ -141,24 +143,17 @@ impl Inner {
         };
         stage("pool", asked);
         let writing = Instant::now();
-        // One call per queue, partitions in name order (the function's lock
-        // order), each call's segments numbered from 1.
-        let mut by_queue: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for (j, job) in jobs.iter().enumerate() {
-            by_queue.entry(&job.queue).or_default().push(j);
-        }
-        // A queue with a dedup window (or not yet known) is one set-based call
-        // however few its segments; one without from MULTI_MIN.
-        let calls: Vec<Vec<usize>> = by_queue
-            .into_values()
-            .flat_map(|mut v| {
-                v.sort_by(|&a, &b| jobs[a].partition.cmp(&jobs[b].partition));
-                let (plain, windowed): (Vec<usize>, Vec<usize>) = v.into_iter().partition(|&j| keeps_no_window(jobs[j].window));
-                let plain: Vec<Vec<usize>> =
-                    if plain.len() >= MULTI_MIN { vec![plain] } else { plain.into_iter().map(|j| vec![j]).collect() };
-                plain.into_iter().chain((!windowed.is_empty()).then_some(windowed))
-            })
-            .collect();
+        // Partitions in (queue, partition) byte order, the function's lock
+        // order: one call for the whole group, or, for a group of fewer
+        // than MULTI_MIN segments of queues known to keep no window, a
+        // single call each.
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        order.sort_by(|&a, &b| (&jobs[a].queue, &jobs[a].partition).cmp(&(&jobs[b].queue, &jobs[b].partition)));
+        let calls: Vec<Vec<usize>> = if order.len() < MULTI_MIN && order.iter().all(|&j| keeps_no_window(jobs[j].window)) {
+            order.into_iter().map(|j| vec![j]).collect()
+        } else {
+            vec![order]
+        };
         let result = if calls.len() == 1 {
             call(&client, &jobs, &calls[0]).await.map(|r| vec![r])
         } else {
@@ -231,7 +226,7 @@ async fn write_in_transaction(
     Ok(results)
 }
 
-/// One call for `members` (indexes into `jobs`, all of one queue, see
+/// One call for `members` (indexes into `jobs`, in lock order, see
 /// `write_group`): each member's outcome, in `members` order.
 async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> Result<Vec<Appended>, DbError> {
     if let [j] = members {
@@ -243,7 +238,10 @@ async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> R
     }
     let segments: Vec<MemorySegment> = members
         .iter()
-        .map(|&j| MemorySegment { partition: &jobs[j].partition, hashes: &jobs[j].hashes, blob: &jobs[j].blob, known: jobs[j].known })
+        .map(|&j| {
+            let job = &jobs[j];
+            MemorySegment { queue: &job.queue, partition: &job.partition, hashes: &job.hashes, blob: &job.blob, known: job.known }
+        })
         .collect();
-    append_with_memory(client, &jobs[members[0]].queue, &segments).await
+    append_with_memory(client, &segments).await
 }

@@ -8,9 +8,10 @@
 //!
 //! Two functions write segments: `queen.push_segment_without_window_v1` for
 //! a lone segment of a queue known to keep no dedup window, and
-//! `queen.push_segments_with_memory_v1` for any other (a window, or a queue
-//! not yet known), which checks what the broker's dedup memory does not
-//! cover and answers what it needs (`push::dedup`).
+//! `queen.push_segments_of_queues_v1` for any other (a window, a queue not
+//! yet known, or several segments of any queues together), which checks
+//! what the broker's dedup memory does not cover and answers what it needs
+//! (`push::dedup`).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -21,9 +22,9 @@ use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 
 /// One segment of a queue without a dedup window (`0022_push_function_names.sql`).
 pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_without_window_v1($1, $2, $3, $4)";
-/// Segments of a queue with a dedup window, or whose window is not yet
-/// known, one per partition (`0022_push_function_names.sql`).
-pub(super) const PUSH_WITH_MEMORY_SQL: &str = "SELECT * FROM queen.push_segments_with_memory_v1($1, $2, $3, $4, $5, $6, $7, $8)";
+/// Segments of any queues, one per partition, checked against each queue's
+/// dedup window (`0034_push_across_queues.sql`).
+pub(super) const PUSH_WITH_MEMORY_SQL: &str = "SELECT * FROM queen.push_segments_of_queues_v1($1, $2, $3, $4, $5, $6, $7, $8)";
 /// The segment at or below each offset, for a duplicate's original id, and
 /// whether it is inside its queue's window now, by PostgreSQL's clock and
 /// the window as it is now.
@@ -102,8 +103,9 @@ pub(super) async fn append_segment(
     Ok(SegmentWrite::Duplicates { partition_id, window, dups })
 }
 
-/// One segment of a `queen.push_segments_with_memory_v1` call.
+/// One segment of a `queen.push_segments_of_queues_v1` call.
 pub(super) struct MemorySegment<'a> {
+    pub queue: &'a str,
     pub partition: &'a str,
     pub hashes: &'a [i64],
     pub blob: &'a [u8],
@@ -111,7 +113,7 @@ pub(super) struct MemorySegment<'a> {
     pub known: Option<Known>,
 }
 
-/// What `queen.push_segments_with_memory_v1` did with one segment, and what it tells
+/// What `queen.push_segments_of_queues_v1` did with one segment, and what it tells
 /// the dedup memory.
 #[derive(Debug)]
 pub struct Appended {
@@ -121,13 +123,13 @@ pub struct Appended {
     pub at_us: Option<i64>,
 }
 
-/// Appends segments of one queue, one per partition, with
-/// `queen.push_segments_with_memory_v1`: one round trip. Each segment's outcome, in order.
+/// Appends segments of any queues, one per (queue, partition), with
+/// `queen.push_segments_of_queues_v1`: one round trip. Each segment's outcome, in order.
 pub(super) async fn append_with_memory(
     client: &impl deadpool_postgres::GenericClient,
-    queue: &str,
     segments: &[MemorySegment<'_>],
 ) -> Result<Vec<Appended>, DbError> {
+    let queues: Vec<&str> = segments.iter().map(|s| s.queue).collect();
     let partitions: Vec<&str> = segments.iter().map(|s| s.partition).collect();
     let counts: Vec<i32> = segments.iter().map(|s| s.hashes.len() as i32).collect();
     let blobs: Vec<&[u8]> = segments.iter().map(|s| s.blob).collect();
@@ -137,7 +139,7 @@ pub(super) async fn append_with_memory(
     let known_window: Vec<Option<i32>> = segments.iter().map(|s| s.known.map(|k| k.window)).collect();
     let stmt = client.prepare_cached(PUSH_WITH_MEMORY_SQL).await?;
     let rows =
-        client.query(&stmt, &[&queue, &partitions, &counts, &blobs, &hashes, &known_pid, &known, &known_window]).await?;
+        client.query(&stmt, &[&queues, &partitions, &counts, &blobs, &hashes, &known_pid, &known, &known_window]).await?;
     // Per segment: what the memory learns, (base offset, created_at) if
     // written, and the duplicates.
     type Outcome = (Answer, Option<(i64, i64)>, Vec<(usize, Uuid)>);
@@ -146,7 +148,7 @@ pub(super) async fn append_with_memory(
         let s = usize::try_from(row.get::<_, i32>("o_seg") - 1)
             .ok()
             .filter(|s| *s < segments.len())
-            .ok_or_else(|| DbError::Unexpected("push_segments_with_memory_v1 named a segment it was not given".into()))?;
+            .ok_or_else(|| DbError::Unexpected("push_segments_of_queues_v1 named a segment it was not given".into()))?;
         let (answer, written, dups) = &mut out[s];
         answer.pid = row.get("o_partition_id");
         answer.window = row.get("o_window");
@@ -173,7 +175,7 @@ pub(super) async fn append_with_memory(
                     (SegmentWrite::Written { partition_id, base_offset, window }, Some(at))
                 }
                 None if !dups.is_empty() => (SegmentWrite::Duplicates { partition_id, window, dups }, None),
-                None => return Err(DbError::Unexpected("push_segments_with_memory_v1 left a segment unanswered".into())),
+                None => return Err(DbError::Unexpected("push_segments_of_queues_v1 left a segment unanswered".into())),
             };
             Ok(Appended { write, answer, at_us })
         })
@@ -216,7 +218,7 @@ pub(super) async fn originals(
 
 /// Whether a queue's last reported dedup window says it keeps none: its
 /// segments then go through `queen.push_segment_without_window_v1`, every
-/// other through `queen.push_segments_with_memory_v1`.
+/// other through `queen.push_segments_of_queues_v1`.
 pub(super) fn keeps_no_window(window: Option<i32>) -> bool {
     window == Some(0)
 }
