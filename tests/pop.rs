@@ -139,6 +139,31 @@ async fn a_pop_whose_ring_candidates_were_emptied_behind_its_back_looks_again() 
     assert_eq!(b.pop("/api/v1/pop/queue/stale?consumerGroup=g&partitions=1").await.status, 204);
 }
 
+/// An autoAck claim that takes a partition up to the last offset pushed
+/// drains it: the partition leaves the ring at once, so what is pushed next
+/// is found by the next pop instead of after every drained partition has
+/// been visited again (issue 51: after a drain of 100,000 partitions,
+/// long-polls met 51,815 stale candidates eight at a time).
+#[tokio::test]
+async fn an_autoack_drain_leaves_no_drained_partition_in_the_ring() {
+    let b = Broker::start().await;
+    assert_eq!(b.pop("/api/v1/pop/queue/drained?consumerGroup=g").await.status, 204, "first contact builds the ring");
+    let items: Vec<Value> = (0..40).map(|i| json!({"queue": "drained", "partition": format!("p{i:02}"), "payload": i})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let r = b.pop("/api/v1/pop/queue/drained?consumerGroup=g&batch=40&partitions=50&autoAck=true").await;
+    assert_eq!(r.data().len(), 40, "one claim drains the forty partitions");
+    // partitions=1 checks out two candidates a claim and looks four times:
+    // eight visits, fewer than the drained partitions.
+    b.push_to("drained", "late", &[json!("late")]).await;
+    let r = b.pop("/api/v1/pop/queue/drained?consumerGroup=g&partitions=1&autoAck=true").await;
+    assert_eq!(r.data(), [json!("late")], "the new partition is the ring's only candidate");
+    // A drained partition pushed again is a candidate again.
+    b.push_to("drained", "p07", &[json!("again")]).await;
+    let r = b.pop("/api/v1/pop/queue/drained?consumerGroup=g&partitions=1&autoAck=true").await;
+    assert_eq!(r.data(), [json!("again")]);
+    assert_eq!(b.pop("/api/v1/pop/queue/drained?consumerGroup=g&partitions=1").await.status, 204);
+}
+
 /// Eight consumers of a new group popping at once: one pop leads the first
 /// contact (it registers the group, seeding its cursors, and reads the
 /// ring's first seed); the others wait for it and claim from the ring. Before,

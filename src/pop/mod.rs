@@ -172,10 +172,10 @@ impl PopService {
         self.maintenance.load(Ordering::SeqCst)
     }
 
-    /// `count` messages committed to (queue, partition): feed the rings,
-    /// mark the gate.
-    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
-        self.hotlist.pushed(queue, partition_id, partition, count);
+    /// `count` messages committed to (queue, partition), the last at offset
+    /// `last` when the writer knows it: feed the rings, mark the gate.
+    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64, last: Option<i64>) {
+        self.hotlist.pushed(queue, partition_id, partition, count, last);
         self.wake.pushed(queue);
         if let Some(t) = self.settings.get(queue) {
             if !t.delayed.is_zero() {
@@ -577,12 +577,19 @@ impl PopService {
             if checkout.is_empty() {
                 return Ok(ClaimResult::default());
             }
-            let result = claim::claim_candidates(client, &checkout.pids(), p, worker, checkout.deep()).await?;
+            let mut result = claim::claim_candidates(client, &checkout.pids(), p, worker, checkout.deep()).await?;
             let deep = match result.claimed.as_slice() {
                 [] => None,
                 [only] => Some(only.last - only.first + 1 >= i64::from(p.batch)),
                 _ => Some(false),
             };
+            if p.auto_ack {
+                // The cursor is where the claim stopped: a partition whose
+                // known tail it reached is drained (`hotlist::Ring::tails`).
+                for c in &result.claimed {
+                    result.verdicts.insert(c.partition_id, hotlist::Verdict::Consumed { last: c.last });
+                }
+            }
             checkout.settle(&result.verdicts, deep);
             // Candidates that were all empty (consumed elsewhere, or the
             // ring's knowledge was stale) have just left the ring, and ones
