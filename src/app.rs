@@ -333,7 +333,7 @@ fn spawn_timer_fire(state: AppState, mut shutdown: broadcast::Receiver<()>) {
                 match crate::timers::fire::tick(&state.pool, &state.coalescer, state.config.timers_batch).await {
                     Ok((pushed, more)) => {
                         for (queue, pid, partition, n) in &pushed {
-                            state.committed_push(queue, *pid, partition, *n, None);
+                            state.committed_push(queue, *pid, partition, *n);
                         }
                         if !more {
                             break;

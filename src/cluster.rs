@@ -47,8 +47,7 @@ pub const LIVE_WITHIN_SECONDS: f64 = 5.0;
 /// What this broker tells the others.
 enum Hint {
     /// A partition it just wrote.
-    /// `last`: the offset of its last message, when the writer knows it.
-    Pushed { queue: String, partition_id: i64, partition: String, count: u64, last: Option<i64> },
+    Pushed { queue: String, partition_id: i64, partition: String, count: u64 },
     /// A lease of the queue ended (an ack, a nack): a long-poll held back by
     /// it may claim now.
     Released { queue: String },
@@ -95,9 +94,9 @@ impl Cluster {
 
     /// Notes that `count` messages were committed to a partition (cheap: a
     /// channel send; the service batches).
-    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64, last: Option<i64>) {
+    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
         if let Some(tx) = &self.hints {
-            let _ = tx.send(Hint::Pushed { queue: queue.to_string(), partition_id, partition: partition.to_string(), count, last });
+            let _ = tx.send(Hint::Pushed { queue: queue.to_string(), partition_id, partition: partition.to_string(), count });
         }
     }
 
@@ -250,17 +249,12 @@ async fn session(
 /// summed, cut below the payload limit; released queues (`w`, once each)
 /// and a reload announcement (`r`) ride with the first.
 fn payloads(instance: &str, batch: Vec<Hint>) -> Vec<String> {
-    let mut merged: HashMap<i64, (String, String, u64, Option<i64>)> = HashMap::new();
+    let mut merged: HashMap<i64, (String, String, u64)> = HashMap::new();
     let mut released: Vec<String> = Vec::new();
     let mut reload = false;
     for h in batch {
         match h {
-            Hint::Pushed { queue, partition_id, partition, count, last } => {
-                let (_, _, n, tail) = merged.entry(partition_id).or_insert((queue, partition, 0, last));
-                *n += count;
-                // Known only if every push merged here reported it.
-                *tail = tail.zip(last).map(|(a, b)| a.max(b));
-            }
+            Hint::Pushed { queue, partition_id, partition, count } => merged.entry(partition_id).or_insert((queue, partition, 0)).2 += count,
             Hint::Released { queue } => {
                 if !released.contains(&queue) {
                     released.push(queue);
@@ -272,10 +266,8 @@ fn payloads(instance: &str, batch: Vec<Hint>) -> Vec<String> {
     let mut out = Vec::new();
     let mut current: Vec<Value> = Vec::new();
     let mut size: usize = released.iter().map(|q| q.len() + 3).sum();
-    for (pid, (queue, partition, count, last)) in merged {
-        // A fifth element, the last offset (null: unknown); brokers of the
-        // previous version read the first four.
-        let entry = json!([queue, pid, partition, count, last]);
+    for (pid, (queue, partition, count)) in merged {
+        let entry = json!([queue, pid, partition, count]);
         let len = entry.to_string().len() + 1;
         if size + len > PAYLOAD_LIMIT && !current.is_empty() {
             out.push(json!({"b": instance, "h": std::mem::take(&mut current), "w": std::mem::take(&mut released), "r": std::mem::take(&mut reload)}).to_string());
@@ -300,7 +292,7 @@ fn heard(ears: &Ears<'_>, payload: &str) -> bool {
     }
     for h in v["h"].as_array().into_iter().flatten() {
         if let (Some(queue), Some(pid), Some(partition), Some(count)) = (h[0].as_str(), h[1].as_i64(), h[2].as_str(), h[3].as_u64()) {
-            ears.pop.pushed(queue, pid, partition, count, h[4].as_i64());
+            ears.pop.pushed(queue, pid, partition, count);
         }
     }
     for q in v["w"].as_array().into_iter().flatten().filter_map(Value::as_str) {
@@ -344,7 +336,7 @@ mod tests {
     #[test]
     fn a_batch_names_each_partition_once_and_stays_under_the_payload_limit() {
         let batch: Vec<Hint> = (0..2000)
-            .map(|i| Hint::Pushed { queue: "orders".into(), partition_id: i % 1000, partition: format!("p{}", i % 1000), count: 1, last: Some(i) })
+            .map(|i| Hint::Pushed { queue: "orders".into(), partition_id: i % 1000, partition: format!("p{}", i % 1000), count: 1 })
             .collect();
         let mut batch = batch;
         batch.push(Hint::Released { queue: "orders".into() });
@@ -361,7 +353,6 @@ mod tests {
             assert_eq!(v["b"], "me");
             for h in v["h"].as_array().unwrap() {
                 assert!(seen.insert(h[1].as_i64().unwrap(), h[3].as_u64().unwrap()).is_none());
-                assert_eq!(h[4].as_i64(), Some(h[1].as_i64().unwrap() + 1000), "the highest last offset of the two");
             }
         }
         assert_eq!(seen.len(), 1000);

@@ -476,6 +476,7 @@ impl AckService {
                             first,
                             last: row.get(4),
                             attempt: 1,
+                            tail: None,
                             segments: vec![segment],
                         };
                         let claimed = ClaimResult { claimed: vec![claimed], ..ClaimResult::default() };

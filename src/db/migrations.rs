@@ -68,6 +68,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(32, "0032_retention_walk.sql"),
     migration!(33, "0033_pending_holds_a_message.sql"),
     migration!(34, "0034_push_across_queues.sql"),
+    migration!(35, "0035_claim_reports_the_tail.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -421,7 +421,7 @@ pub async fn transaction(
     match run(&state.pool, &state.ack, &state.coalescer, bundle).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
-                state.committed_push(queue, *pid, partition, *n, None);
+                state.committed_push(queue, *pid, partition, *n);
             }
             wake_after(&state, &done.released);
             Ok(Json(done.answer).into_response())

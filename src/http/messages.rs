@@ -131,7 +131,7 @@ async fn replay(state: &AppState, which: messages::DeadLetter<'_>, target: &mess
     match messages::replay_dead_letter(&state.pool, &state.coalescer, which, target).await? {
         Some(r) => {
             if r.queued {
-                state.committed_push(&r.queue, r.partition_id, &r.partition, 1, None);
+                state.committed_push(&r.queue, r.partition_id, &r.partition, 1);
             }
             Ok(Json(r.answer).into_response())
         }

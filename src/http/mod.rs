@@ -100,8 +100,8 @@ impl AppState {
         }
         let on_commit = |results: &[crate::push::ItemResult]| {
             for r in results {
-                if let crate::push::Outcome::Queued { partition_id, offset, .. } = r.outcome {
-                    self.committed_push(r.queue, partition_id, r.partition, 1, Some(offset));
+                if let crate::push::Outcome::Queued { partition_id, .. } = r.outcome {
+                    self.committed_push(r.queue, partition_id, r.partition, 1);
                 }
             }
         };
@@ -112,33 +112,31 @@ impl AppState {
         }
     }
 
-    /// `count` messages were committed to (queue, partition), the last at
-    /// offset `last` when the writer knows it: counters, and the pop side's
-    /// rings and wake gates.
-    pub fn committed_push(&self, queue: &str, partition_id: i64, partition: &str, count: u64, last: Option<i64>) {
+    /// `count` messages were committed to (queue, partition): counters, and
+    /// the pop side's rings and wake gates.
+    pub fn committed_push(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
         self.telemetry.pushed(queue, count);
-        self.pop.pushed(queue, partition_id, partition, count, last);
-        self.cluster.pushed(queue, partition_id, partition, count, last);
+        self.pop.pushed(queue, partition_id, partition, count);
+        self.cluster.pushed(queue, partition_id, partition, count);
     }
 
     /// Tells the pop side (and the other brokers) which partitions a push
     /// answered just wrote to, and how many messages each: one call per
     /// partition, however many items it had.
     pub fn committed_results(&self, results: &[crate::push::ItemResult]) {
-        let mut counts: Vec<(&crate::push::ItemResult, u64, i64)> = Vec::new();
+        let mut counts: Vec<(&crate::push::ItemResult, u64)> = Vec::new();
         let mut slots = crate::push::Slots::default();
         for r in results {
-            if let crate::push::Outcome::Queued { partition_id, offset, .. } = r.outcome {
+            if let crate::push::Outcome::Queued { partition_id, .. } = r.outcome {
                 let i = slots.slot(partition_id, || {
-                    counts.push((r, 0, offset));
+                    counts.push((r, 0));
                     counts.len() - 1
                 });
                 counts[i].1 += 1;
-                counts[i].2 = counts[i].2.max(offset);
             }
         }
-        for (r, n, last) in counts {
-            self.committed_push(r.queue, r.outcome.partition_id(), r.partition, n, Some(last));
+        for (r, n) in counts {
+            self.committed_push(r.queue, r.outcome.partition_id(), r.partition, n);
         }
     }
 

@@ -117,7 +117,7 @@ pub async fn cycle(State(state): State<AppState>, headers: HeaderMap, raw: axum:
     match streams::cycle(&state.pool, &state.ack, &state.coalescer, &cycle).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
-                state.committed_push(queue, *pid, partition, *n, None);
+                state.committed_push(queue, *pid, partition, *n);
             }
             super::ack::wake_after(&state, &done.released);
             Ok(Json(done.answer).into_response())

@@ -37,6 +37,10 @@ pub struct ClaimedPartition {
     pub first: i64,
     pub last: i64,
     pub attempt: i32,
+    /// The partition's last offset as the claim read it (`None`: a claim
+    /// function that does not say): `last` reaching it means the claim
+    /// took everything there was.
+    pub tail: Option<i64>,
     pub segments: Vec<SegmentSlice>,
 }
 
@@ -289,6 +293,7 @@ fn assemble(rows: Vec<Row>) -> ClaimResult {
                         first: 0,
                         last: -1,
                         attempt: 1,
+                        tail: None,
                         segments: Vec::new(),
                     });
                     result.claimed.len() - 1
@@ -310,6 +315,7 @@ fn assemble(rows: Vec<Row>) -> ClaimResult {
                     c.first = row.get("o_first");
                     c.last = row.get("o_last");
                     c.attempt = row.get("o_attempt");
+                    c.tail = row.get("o_base_offset");
                 }
                 Verdict::Claimed
             }

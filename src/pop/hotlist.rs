@@ -32,10 +32,10 @@ use tokio::sync::Notify;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Claimed,
-    /// Claimed by an autoAck pop, which moved the cursor to `last`: the
-    /// partition leaves the ring when no message past `last` is known to
-    /// have been pushed (see `Ring::tails`), as an empty one does.
-    Consumed { last: i64 },
+    /// Claimed by an autoAck pop up to the partition's last offset as the
+    /// claim read it (`0035_claim_reports_the_tail.sql`): nothing is left,
+    /// and the partition leaves the ring as an empty one does.
+    Drained,
     Busy,
     Deferred,
     Empty,
@@ -82,16 +82,6 @@ struct Ring {
     /// Per partition, the feed's running total when this ring last applied
     /// it: the next catch-up counts what was pushed since from it.
     totals: HashMap<i64, u64>,
-    /// Per member, the highest offset pushed to it that this broker knows
-    /// of, when it knows every push since the member joined (pushes through
-    /// this broker and its peers report their offsets; a reseed, the wheel
-    /// or a write that does not report one leaves the member without a
-    /// tail). An autoAck claim that reached the tail drained the partition:
-    /// it leaves the ring at once instead of costing the next pop a visit.
-    /// After an autoAck drain of 100,000 one-message partitions the ring
-    /// kept them all, and long-polls met the stale ones eight at a time
-    /// while new messages waited behind them (docs/PERFORMANCE.md, issue 51).
-    tails: HashMap<i64, i64>,
 }
 
 /// What the pushes of one queue left for its rings: per partition, its
@@ -115,9 +105,6 @@ struct Fed {
     /// The push that created the entry: `total` counts from there.
     born: u64,
     total: u64,
-    /// The highest offset the entry's pushes wrote, when every one of them
-    /// reported its offset.
-    last: Option<i64>,
     name: Arc<str>,
 }
 
@@ -125,7 +112,7 @@ struct Fed {
 const FEED_CAP: usize = 65_536;
 
 impl Feed {
-    fn push(&mut self, pid: i64, partition: &str, count: u64, last: Option<i64>) {
+    fn push(&mut self, pid: i64, partition: &str, count: u64) {
         let seq = self.next;
         self.next += 1;
         match self.latest.get_mut(&pid) {
@@ -133,10 +120,9 @@ impl Feed {
                 self.order.remove(&f.seq);
                 f.seq = seq;
                 f.total += count;
-                f.last = f.last.zip(last).map(|(a, b)| a.max(b));
             }
             None => {
-                self.latest.insert(pid, Fed { seq, born: seq, total: count, last, name: Arc::from(partition) });
+                self.latest.insert(pid, Fed { seq, born: seq, total: count, name: Arc::from(partition) });
             }
         }
         self.order.insert(seq, pid);
@@ -153,7 +139,7 @@ impl Feed {
             // the ring saw its total then; otherwise (a ring newer than the
             // entry) unknown.
             let since = if f.born >= r.seen { Some(f.total) } else { r.totals.get(&pid).map(|t| f.total - t) };
-            r.apply(pid, &f.name, since, f.last);
+            r.apply(pid, &f.name, since);
             r.totals.insert(pid, f.total);
         }
         r.seen = self.next;
@@ -331,7 +317,6 @@ impl HotList {
             reseed_after: String::new(),
             seen,
             totals: HashMap::new(),
-            tails: HashMap::new(),
             ready: VecDeque::new(),
             members: HashMap::new(),
             estimates: HashMap::new(),
@@ -433,10 +418,10 @@ impl HotList {
     /// `count` messages committed to partition `pid` of `queue`: one entry
     /// in the queue's feed, which every group's ring applies when next used
     /// (at once for rings a pop waits on).
-    pub fn pushed(&self, queue: &str, pid: i64, partition: &str, count: u64, last: Option<i64>) {
+    pub fn pushed(&self, queue: &str, pid: i64, partition: &str, count: u64) {
         let mut rings = self.rings.lock().expect("hot-list lock poisoned");
         let Some(q) = rings.get_mut(queue) else { return };
-        q.feed.push(pid, partition, count, last);
+        q.feed.push(pid, partition, count);
         if !q.waiting.is_empty() {
             let QueueRings { groups, feed, waiting } = q;
             // A waiter stays listed while its ring has nothing ready and
@@ -538,19 +523,13 @@ impl HotList {
             }
             for (pid, name, verdict) in candidates {
                 let dirty = matches!(r.members.get(&pid), Some(Member::Out { dirty: true }));
-                let drained = match verdict {
-                    Some(Verdict::Empty) => true,
-                    Some(Verdict::Consumed { last }) => r.tails.get(&pid).is_some_and(|&tail| last >= tail),
-                    _ => false,
-                };
                 match verdict {
-                    Some(_) if drained && !dirty => {
+                    Some(Verdict::Empty | Verdict::Drained) if !dirty => {
                         r.members.remove(&pid);
                         r.estimates.remove(&pid);
-                        r.tails.remove(&pid);
                     }
                     Some(v) => {
-                        if matches!(v, Verdict::Claimed | Verdict::Consumed { .. } | Verdict::Empty) {
+                        if matches!(v, Verdict::Claimed | Verdict::Drained | Verdict::Empty) {
                             r.estimates.insert(pid, None);
                         }
                         r.members.insert(pid, Member::Ready);
@@ -625,23 +604,9 @@ impl Ring {
     }
 
     /// A partition pushed since the ring last caught up, `since` messages
-    /// (`None`: how many is unknown), up to offset `last` (`None`: unknown).
-    fn apply(&mut self, pid: i64, name: &Arc<str>, since: Option<u64>, last: Option<i64>) {
+    /// (`None`: how many is unknown).
+    fn apply(&mut self, pid: i64, name: &Arc<str>, since: Option<u64>) {
         let fresh = !self.members.contains_key(&pid);
-        // A member's tail is known while every push since it joined was.
-        match (fresh, last) {
-            (true, Some(last)) => {
-                self.tails.insert(pid, last);
-            }
-            (false, Some(last)) => {
-                if let Some(tail) = self.tails.get_mut(&pid) {
-                    *tail = (*tail).max(last);
-                }
-            }
-            (_, None) => {
-                self.tails.remove(&pid);
-            }
-        }
         self.offer(pid, name);
         let e = self.estimates.entry(pid).or_insert(if fresh { Some(0) } else { None });
         *e = since.and_then(|n| e.map(|m| m + n));
@@ -807,9 +772,9 @@ mod tests {
     fn pushes_feed_every_group_of_the_queue_once() {
         let l = list();
         l.create("q", "h");
-        l.pushed("q", 1, "p1", 1, None);
-        l.pushed("q", 1, "p1", 1, None);
-        l.pushed("other", 2, "p2", 1, None);
+        l.pushed("q", 1, "p1", 1);
+        l.pushed("q", 1, "p1", 1);
+        l.pushed("other", 2, "p2", 1);
         assert_eq!(l.ready_len("q", "g"), 1);
         assert_eq!(l.ready_len("q", "h"), 1);
         assert_eq!(l.plan("q", "g", false), Plan::Claim { reseed: false });
@@ -819,7 +784,7 @@ mod tests {
     fn list_of(n: i64) -> Arc<HotList> {
         let l = list();
         for p in 1..=n {
-            l.pushed("q", p, "p", 1, None);
+            l.pushed("q", p, "p", 1);
         }
         l
     }
@@ -853,8 +818,8 @@ mod tests {
     async fn a_pop_that_finds_every_candidate_out_waits_for_them_to_come_back() {
         let l = list();
         assert!(l.await_return("q", "g").is_none(), "a ring without members has nothing to wait for");
-        l.pushed("q", 1, "p1", 1, None);
-        l.pushed("q", 2, "p2", 1, None);
+        l.pushed("q", 1, "p1", 1);
+        l.pushed("q", 2, "p2", 1);
         assert!(l.await_return("q", "g").is_none(), "candidates are ready");
         let c = l.checkout("q", "g", 10);
         assert_eq!(l.plan("q", "g", false), Plan::NothingReady);
@@ -871,69 +836,41 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(50), back).await.is_err());
         assert!(l.await_return("q", "g").is_none(), "and the ring is empty now");
         // A push that adds a candidate while every member is out wakes it too.
-        l.pushed("q", 3, "p3", 1, None);
+        l.pushed("q", 3, "p3", 1);
         let _c = l.checkout("q", "g", 10);
         let back = l.await_return("q", "g").expect("p3 is out");
-        l.pushed("q", 4, "p4", 1, None);
+        l.pushed("q", 4, "p4", 1);
         tokio::time::timeout(Duration::from_secs(1), back).await.expect("the push wakes the waiter");
     }
 
     #[test]
     fn a_push_during_checkout_survives_an_empty_verdict() {
         let l = list();
-        l.pushed("q", 7, "p", 1, None);
+        l.pushed("q", 7, "p", 1);
         let c = l.checkout("q", "g", 1);
-        l.pushed("q", 7, "p", 1, None);
+        l.pushed("q", 7, "p", 1);
         c.settle(&HashMap::from([(7, Verdict::Empty)]), None);
         assert_eq!(l.ready_len("q", "g"), 1);
     }
 
-
-    /// An autoAck claim that reached the highest offset pushed drained the
-    /// partition: it leaves the ring. One that stopped short of it, or a
-    /// push while it was out, or a tail the broker does not know keeps it.
+    /// A drained partition leaves the ring like an empty one, unless a push
+    /// reached it while it was out; a claimed one goes back to the tail.
     #[test]
-    fn a_consumed_verdict_drops_a_member_only_at_its_known_tail() {
-        let l = list();
-        l.pushed("q", 1, "p1", 2, Some(1));
-        l.pushed("q", 2, "p2", 3, Some(2));
-        l.pushed("q", 2, "p2", 2, Some(4));
-        l.pushed("q", 3, "p3", 1, None);
-        l.pushed("q", 4, "p4", 1, Some(0));
-        let c = l.checkout("q", "g", 4);
-        l.pushed("q", 4, "p4", 1, Some(1));
-        let verdicts = HashMap::from([
-            (1, Verdict::Consumed { last: 1 }),
-            (2, Verdict::Consumed { last: 3 }),
-            (3, Verdict::Consumed { last: 0 }),
-            (4, Verdict::Consumed { last: 1 }),
-        ]);
-        c.settle(&verdicts, None);
-        assert_eq!(l.checkout("q", "g", 10).pids(), [2, 3, 4], "only p1 was drained and untouched");
-        // A member whose tail was once unknown stays unknown while it is in
-        // the ring (an unreported write may lie past any later tail).
-        let l = list();
-        l.pushed("q", 5, "p5", 1, None);
-        l.checkout("q", "g", 1).settle(&HashMap::new(), None);
-        l.pushed("q", 5, "p5", 1, Some(1));
-        l.checkout("q", "g", 1).settle(&HashMap::from([(5, Verdict::Consumed { last: 1 })]), None);
-        assert_eq!(l.ready_len("q", "g"), 1);
-        // Leaving the ring forgets it: once the feed has dropped the entry
-        // of the unreported push (the reseeder's tick), the next push's tail
-        // counts again.
-        l.checkout("q", "g", 1).settle(&HashMap::from([(5, Verdict::Empty)]), None);
-        l.evict_idle(Duration::from_secs(3600));
-        l.pushed("q", 5, "p5", 1, Some(2));
-        l.checkout("q", "g", 1).settle(&HashMap::from([(5, Verdict::Consumed { last: 2 })]), None);
-        assert_eq!(l.ready_len("q", "g"), 0);
+    fn a_drained_verdict_drops_a_member_unless_pushed_meanwhile() {
+        let l = list_of(3);
+        let c = l.checkout("q", "g", 3);
+        l.pushed("q", 2, "p", 1);
+        c.settle(&HashMap::from([(1, Verdict::Drained), (2, Verdict::Drained), (3, Verdict::Claimed)]), None);
+        assert_eq!(l.checkout("q", "g", 10).pids(), [2, 3]);
     }
+
     #[test]
     fn the_estimate_counts_pushes_into_known_empty_members_only() {
         let l = list();
         assert_eq!(l.estimate("q", "g"), Some(0));
-        l.pushed("q", 1, "p", 3, None);
-        l.pushed("q", 2, "p", 2, None);
-        l.pushed("q", 1, "p", 1, None);
+        l.pushed("q", 1, "p", 3);
+        l.pushed("q", 2, "p", 2);
+        l.pushed("q", 1, "p", 1);
         assert_eq!(l.estimate("q", "g"), Some(6));
         // (A ring that catches up with several pushes at once takes them in
         // the order of their latest push: 2, then 1.)
@@ -950,9 +887,9 @@ mod tests {
         let l = list();
         l.create("q", "h");
         for _ in 0..1000 {
-            l.pushed("q", 1, "p1", 1, None);
+            l.pushed("q", 1, "p1", 1);
         }
-        l.pushed("q", 2, "p2", 5, None);
+        l.pushed("q", 2, "p2", 5);
         assert_eq!(l.feed_entries(), 2, "the feed holds a partition once, however often it was pushed");
         assert_eq!(l.estimate("q", "g"), Some(1005));
         assert_eq!(l.checkout("q", "g", 10).pids(), [1, 2], "in the order of their latest push");
@@ -965,8 +902,8 @@ mod tests {
         // A partition drained empty and pushed again is counted from zero.
         let c = l.checkout("q", "h", 10);
         c.settle(&HashMap::from([(1, Verdict::Empty), (2, Verdict::Empty)]), None);
-        l.pushed("q", 1, "p1", 3, None);
-        l.pushed("q", 1, "p1", 4, None);
+        l.pushed("q", 1, "p1", 3);
+        l.pushed("q", 1, "p1", 4);
         assert_eq!(l.estimate("q", "h"), Some(7));
     }
 
@@ -974,7 +911,7 @@ mod tests {
     fn a_feed_no_ring_reads_stays_bounded() {
         let l = list();
         for pid in 0..(FEED_CAP as i64 + 10) {
-            l.pushed("q", pid, "p", 1, None);
+            l.pushed("q", pid, "p", 1);
         }
         assert!(l.feed_entries() <= FEED_CAP, "{} entries", l.feed_entries());
         assert_eq!(l.ready_len("q", "g"), FEED_CAP + 10, "nothing was lost on the way");
@@ -986,7 +923,7 @@ mod tests {
         let l = HotList::new(Duration::from_secs(3600));
         l.create("q", "gone");
         l.create("q", "busy");
-        l.pushed("q", 7, "p", 1, None);
+        l.pushed("q", 7, "p", 1);
         let out = l.checkout("q", "busy", 1);
         assert_eq!(out.pids(), vec![7]);
         assert_eq!(l.evict_idle(Duration::from_secs(3600)), 0, "both were used just now");
@@ -1015,8 +952,8 @@ mod tests {
     #[test]
     fn a_dropped_checkout_puts_its_candidates_back() {
         let l = list();
-        l.pushed("q", 1, "p", 1, None);
-        l.pushed("q", 2, "p", 1, None);
+        l.pushed("q", 1, "p", 1);
+        l.pushed("q", 2, "p", 1);
         {
             let c = l.checkout("q", "g", 2);
             assert_eq!(l.ready_len("q", "g"), 0);
@@ -1072,7 +1009,7 @@ mod tests {
         assert!(l.take_due_idle(10).is_empty(), "the background reseeder leaves a seeding ring alone");
         let wait = l.await_seeded("q", "g").expect("a first contact is in flight");
         // A push during the first contact is kept, beside what the seed finds.
-        l.pushed("q", 9, "p9", 1, None);
+        l.pushed("q", 9, "p9", 1);
         lead.finish(vec![(1, "p1".into()), (9, "p9".into())]);
         tokio::time::timeout(Duration::from_secs(1), wait).await.expect("finishing wakes the waiters");
         assert!(l.await_seeded("q", "g").is_none());

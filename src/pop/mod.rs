@@ -172,10 +172,10 @@ impl PopService {
         self.maintenance.load(Ordering::SeqCst)
     }
 
-    /// `count` messages committed to (queue, partition), the last at offset
-    /// `last` when the writer knows it: feed the rings, mark the gate.
-    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64, last: Option<i64>) {
-        self.hotlist.pushed(queue, partition_id, partition, count, last);
+    /// `count` messages committed to (queue, partition): feed the rings,
+    /// mark the gate.
+    pub fn pushed(&self, queue: &str, partition_id: i64, partition: &str, count: u64) {
+        self.hotlist.pushed(queue, partition_id, partition, count);
         self.wake.pushed(queue);
         if let Some(t) = self.settings.get(queue) {
             if !t.delayed.is_zero() {
@@ -584,10 +584,10 @@ impl PopService {
                 _ => Some(false),
             };
             if p.auto_ack {
-                // The cursor is where the claim stopped: a partition whose
-                // known tail it reached is drained (`hotlist::Ring::tails`).
-                for c in &result.claimed {
-                    result.verdicts.insert(c.partition_id, hotlist::Verdict::Consumed { last: c.last });
+                // The cursor moved to where the claim stopped: one that took
+                // the partition to its last offset left nothing behind.
+                for c in result.claimed.iter().filter(|c| c.tail.is_some_and(|tail| c.last >= tail)) {
+                    result.verdicts.insert(c.partition_id, hotlist::Verdict::Drained);
                 }
             }
             checkout.settle(&result.verdicts, deep);
