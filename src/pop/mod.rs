@@ -573,11 +573,13 @@ impl PopService {
         }
         let mut looks = 0;
         loop {
-            let checkout = self.hotlist.checkout(queue, &p.group, p.ring_candidates());
+            let batch = u32::try_from(p.batch).ok();
+            let mut checkout = self.hotlist.checkout_sized(queue, &p.group, p.ring_candidates(), batch);
             if checkout.is_empty() {
                 return Ok(ClaimResult::default());
             }
             let mut result = claim::claim_candidates(client, &checkout.pids(), p, worker, checkout.deep()).await?;
+            checkout.saw_spans(result.claimed.iter().map(|c| c.last - c.first + 1));
             let deep = match result.claimed.as_slice() {
                 [] => None,
                 [only] => Some(only.last - only.first + 1 >= i64::from(p.batch)),
