@@ -7,10 +7,13 @@
 #   - the HTTP leased drain (pop 500 + ack/batch, 4 consumers) of MESSAGES;
 #   - one Kafka group member draining the MESSAGES it produced, auto commit.
 # Then the listener's idle cost: push at batch 100 with QUEEN_KAFKA_ENABLED
-# off and on, alternating. CASES="clients idle" picks the parts. Durable
+# off and on, alternating. CASES=idempotence: librdkafka producing MESSAGES
+# with enable.idempotence off and on, alternating on one broker a round
+# (issue 48: the durable sequence windows' cost). CASES="clients idle
+# idempotence" picks the parts. Durable
 # private cluster, release broker, localhost only.
 ROUNDS=${ROUNDS:-3}
-CASES=${CASES:-clients idle}
+CASES=${CASES:-clients idle idempotence}
 MESSAGES=${MESSAGES:-500000}
 DURATION=${DURATION:-10}
 source "$(dirname "$0")/lib/bench-cluster.sh"
@@ -41,5 +44,15 @@ done
         stop_broker
         fresh_schema
     done
+done
+[[ " $CASES " == *" idempotence "* ]] && echo "== librdkafka producing with idempotence off and on" && for round in $(seq 1 "$ROUNDS"); do
+    start_kafka_broker
+    # Alternate which goes first, so neither always meets the warmer database.
+    if (( round % 2 )); then order="plain idempotent"; else order="idempotent plain"; fi
+    for mode in $order; do
+        "$VENV/bin/python" scripts/lib/kafka-bench.py produce "$KAFKA" "i$round$mode" "$MESSAGES" 100 "$mode"
+    done
+    stop_broker
+    fresh_schema
 done
 true

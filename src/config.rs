@@ -274,6 +274,9 @@ pub struct KafkaConfig {
     pub group_initial_delay: Duration,
     /// TLS on the Kafka port: a PEM certificate chain and its key (both or neither).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// An idempotent producer idle this long is forgotten with its
+    /// sequence windows (Kafka's `producer.id.expiration.ms`).
+    pub producer_expiry: Duration,
 }
 
 /// KV's settings (`QUEEN_KV_*`).
@@ -612,6 +615,7 @@ impl Config {
                 default_partitions: env.parse(&["QUEEN_KAFKA_DEFAULT_PARTITIONS"], 8i32, "a partition count from 1 to 100000", |v| (1..=100_000).contains(v))?,
                 max_frame: env.parse(&["QUEEN_KAFKA_MAX_FRAME"], 100usize << 20, "a byte count from 65536 to 1073741824", |v| (65_536..=1 << 30).contains(v))?,
                 group_initial_delay: ms(&["QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS"], 0, 0)?,
+                producer_expiry: ms(&["QUEEN_KAFKA_PRODUCER_ID_EXPIRATION_MS"], 86_400_000, 1_000)?,
                 tls: match (env.get(&["QUEEN_KAFKA_TLS_CERT"]), env.get(&["QUEEN_KAFKA_TLS_KEY"])) {
                     (Some((_, cert)), Some((_, key))) => Some((PathBuf::from(cert), PathBuf::from(key))),
                     (None, None) => None,
@@ -671,6 +675,7 @@ impl Config {
         ("QUEEN_KAFKA_TLS_CERT", "", "PEM certificate chain of the Kafka port; with QUEEN_KAFKA_TLS_KEY, clients connect with TLS (security.protocol SSL or SASL_SSL)"),
         ("QUEEN_KAFKA_TLS_KEY", "", "PEM private key of QUEEN_KAFKA_TLS_CERT"),
         ("QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS", "0", "ms the first rebalance of an empty consumer group waits for more members to join"),
+        ("QUEEN_KAFKA_PRODUCER_ID_EXPIRATION_MS", "86400000", "ms after which an idle idempotent producer's id and sequence windows are forgotten (Kafka's producer.id.expiration.ms); its next batch is then taken as it comes"),
         ("QUEEN_PEER_HINTS", "true", "tell the other brokers on the database which partitions this one wrote (LISTEN/NOTIFY on one connection), so their long-polls wake at once; false: they wake at their next backoff"),
         ("QUEEN_EPHEMERAL_ENABLED", "true", "serve ephemeral (in-memory) queues; false answers their routes 503 ephemeral_disabled"),
         ("QUEEN_EPHEMERAL_MAX_MB", "256", "memory all ephemeral queues together may hold (payloads plus 96 bytes a message, and their bookkeeping: about 200 bytes a partition, 130 a group, 160 a cursor a group holds); a push past it answers 503 ephemeral_memory_full"),

@@ -133,3 +133,37 @@ async fn malformed_bundles_answer_400_and_riders_403() {
     let (status, body) = b.post("/api/v1/transaction", json!({"operations": [{"type": "push", "queue": "flat", "payload": 1}]})).await;
     assert_eq!((status, body["success"].as_bool()), (200, Some(true)), "a flat push operation is one item");
 }
+
+/// A bundle pushing more messages to one partition than a segment holds
+/// writes segments of at most QUEEN_V2_FUSION_FRAMES, all in its one
+/// transaction: consecutive offsets, every message once, in order.
+#[tokio::test]
+async fn a_bundle_larger_than_a_segment_is_written_as_segments_of_the_bounds_in_one_commit() {
+    let b = Broker::start_with(&[("QUEEN_V2_FUSION_FRAMES", "100")]).await;
+    let items: Vec<Value> = (0..250).map(|i| json!({"queue": "big", "partition": "p", "payload": i, "transactionId": format!("t{i}")})).collect();
+    let others: Vec<Value> = (0..30).map(|i| json!({"queue": "big", "partition": "q", "payload": i})).collect();
+    let (status, body) = b.post("/api/v1/transaction", json!({"operations": [{"type": "push", "items": items}, {"type": "push", "items": others}]})).await;
+    assert_eq!((status, body["success"].clone()), (200, json!(true)), "{body}");
+    let sql = b.sql().await;
+    let sizes: Vec<(i64, i32)> = sql
+        .query(
+            "SELECT s.base_offset, s.msg_count FROM queen.segments s JOIN queen.partitions p ON p.id = s.partition_id
+             WHERE p.name = 'p' ORDER BY s.base_offset",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(sizes, vec![(0, 100), (100, 100), (200, 50)]);
+    let stored = stored_messages(&sql, "big", "p").await;
+    assert_eq!(stored.iter().map(|m| m.offset).collect::<Vec<_>>(), (0..250).collect::<Vec<i64>>());
+    assert_eq!(stored_messages(&sql, "big", "q").await.len(), 30);
+    // A repeat of one of them rolls the whole bundle back, wherever its segment falls.
+    let again = vec![json!({"queue": "big", "partition": "p", "payload": "new", "transactionId": "t-new"}),
+                     json!({"queue": "big", "partition": "p", "payload": "dup", "transactionId": "t180"})];
+    let (_, body) = b.post("/api/v1/transaction", json!({"operations": [{"type": "push", "items": again}]})).await;
+    assert_eq!(body["success"], false, "{body}");
+    assert_eq!(stored_messages(&sql, "big", "p").await.len(), 250);
+}

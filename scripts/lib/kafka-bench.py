@@ -2,7 +2,7 @@
 producing with its defaults, and one consumer group member draining with
 its defaults (auto commit), each printing one JSON line like queen-bench's.
 
-    kafka-bench.py produce BOOTSTRAP TOPIC MESSAGES [SIZE]
+    kafka-bench.py produce BOOTSTRAP TOPIC MESSAGES [SIZE [idempotent]]
     kafka-bench.py consume BOOTSTRAP TOPIC MESSAGES GROUP
 """
 
@@ -14,10 +14,9 @@ import time
 from confluent_kafka import Consumer, Producer
 
 
-def produce(bootstrap, topic, messages, size):
-    # librdkafka's defaults but for the one thing this broker lacks yet:
-    # idempotence needs InitProducerId (issue 48).
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": False})
+def produce(bootstrap, topic, messages, size, idempotent=False):
+    # librdkafka's defaults (idempotence is off unless asked for).
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": idempotent})
     value = (b"x" * size)
     failed = [0]
 
@@ -35,7 +34,7 @@ def produce(bootstrap, topic, messages, size):
                 p.poll(0.05)
     left = p.flush(120)
     secs = time.monotonic() - started
-    print(json.dumps({"scenario": "kafka-produce", "messages": messages, "payload_size": size, "seconds": secs,
+    print(json.dumps({"scenario": "kafka-produce-idempotent" if idempotent else "kafka-produce", "messages": messages, "payload_size": size, "seconds": secs,
                       "msg_per_s": messages / secs, "failed": failed[0] + left}))
 
 
@@ -59,6 +58,7 @@ def consume(bootstrap, topic, messages, group):
 if __name__ == "__main__":
     mode, bootstrap, topic, messages = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     if mode == "produce":
-        produce(bootstrap, topic, messages, int(sys.argv[5]) if len(sys.argv) > 5 else 100)
+        produce(bootstrap, topic, messages, int(sys.argv[5]) if len(sys.argv) > 5 else 100,
+                len(sys.argv) > 6 and sys.argv[6] == "idempotent")
     else:
         consume(bootstrap, topic, messages, sys.argv[5])

@@ -33,6 +33,7 @@ use crate::db::DbError;
 use crate::pop::QUEUE_MODE;
 use crate::push::segment::SegmentWrite;
 use crate::push::validate::{parse_item, parse_items, PushItem};
+use crate::push::coalescer::InSegment;
 use crate::push::{Outcome, PushPlan};
 
 /// Why a bundle is refused before anything runs.
@@ -321,6 +322,8 @@ pub async fn run(
 pub struct Written {
     pub results: Vec<Value>,
     pub pushed: Vec<(String, i64, String, u64)>,
+    /// Each item's outcome, in item order.
+    pub outcomes: Vec<Outcome>,
 }
 
 /// A push of [`push_in`] whose transactionId its partition already holds:
@@ -348,46 +351,107 @@ impl std::fmt::Display for AlreadyThere {
 /// already in its partition is `Err` with the message (the caller rolls
 /// back).
 pub async fn push_in(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &impl deadpool_postgres::GenericClient,
     coalescer: &crate::push::Coalescer,
     items: &[PushItem<'_>],
     producer: Option<&str>,
 ) -> Result<Result<Written, AlreadyThere>, TxnError> {
+    push_in_at(tx, coalescer, items, producer, &[]).await
+}
+
+/// [`push_in`], told where partitions end: `tails` holds ((queue,
+/// partition), (partition id, last offset)) as the caller's transaction
+/// read them. A partition's segments whose ids the broker mints all skip
+/// the dedup check from there (`InSegment::tail`); later segments of the
+/// call to the same partition from the end of the one before.
+pub async fn push_in_at(
+    tx: &impl deadpool_postgres::GenericClient,
+    coalescer: &crate::push::Coalescer,
+    items: &[PushItem<'_>],
+    producer: Option<&str>,
+    tails: &[((&str, &str), (i64, i64))],
+) -> Result<Result<Written, AlreadyThere>, TxnError> {
     let hasher = coalescer.hasher_in(tx).await?;
     let plan = PushPlan::new(items, producer, coalescer.encryption(), hasher).map_err(TxnError::NoKey)?;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
-    let mut pushed = Vec::new();
-    for g in &plan.groups {
-        let mut frames = Vec::new();
-        for &idx in &g.leaders {
-            plan.frame(items, idx).encode_into(&mut frames).map_err(|e| TxnError::BadRequest(e.to_string()))?;
-        }
-        let hashes: Vec<i64> = g.leaders.iter().map(|&i| plan.hashes[i]).collect();
-        match coalescer.write_in(tx, &g.queue, &g.partition, &hashes, &frames).await? {
-            SegmentWrite::Written { partition_id, base_offset, .. } => {
-                for (n, &idx) in g.leaders.iter().enumerate() {
-                    let message_id = plan.message_ids[idx];
-                    outcomes[idx] = Some(Outcome::Queued { message_id, partition_id, offset: base_offset + n as i64 });
-                }
-                pushed.push((g.queue.clone(), partition_id, g.partition.clone(), g.leaders.len() as u64));
+    // Segments of at most the coalescer's bounds, as every other writer
+    // keeps them (a reader slices one segment at a time). Round k holds the
+    // k-th segment of every partition: one call writes a round (a call
+    // takes one segment per partition), all in the caller's transaction.
+    let cfg = coalescer.config();
+    let mut rounds: Vec<Vec<Chunk>> = Vec::new();
+    for (g, group) in plan.groups.iter().enumerate() {
+        let (mut at, mut k) = (0, 0);
+        while at < group.leaders.len() {
+            let mut frames = Vec::new();
+            let mut end = at;
+            while end < group.leaders.len() && (end == at || (end - at < cfg.max_frames && frames.len() < cfg.max_bytes)) {
+                plan.frame(items, group.leaders[end]).encode_into(&mut frames).map_err(|e| TxnError::BadRequest(e.to_string()))?;
+                end += 1;
             }
-            SegmentWrite::Duplicates { dups, partition_id, .. } => {
-                return Ok(Err(AlreadyThere {
-                    transaction_id: plan.txns[g.leaders[dups[0].0]].to_string(),
-                    queue: g.queue.clone(),
-                    partition: g.partition.clone(),
-                    partition_id,
-                    original: dups[0].1,
-                }));
+            let hashes = group.leaders[at..end].iter().map(|&i| plan.hashes[i]).collect();
+            if rounds.len() == k {
+                rounds.push(Vec::new());
+            }
+            rounds[k].push(Chunk { group: g, leaders: at..end, frames, hashes });
+            (at, k) = (end, k + 1);
+        }
+    }
+    let mut written: Vec<(i64, u64)> = vec![(0, 0); plan.groups.len()];
+    // Each group's tail where its ids are all minted here and `tails` is
+    // asked to skip the check (a new partition's from its first segment).
+    let minted: Vec<bool> = plan
+        .groups
+        .iter()
+        .map(|g| !tails.is_empty() && g.leaders.iter().all(|&i| items[i].transaction_id.is_none() && items[i].message_id.is_none()))
+        .collect();
+    let mut tail: Vec<Option<(i64, i64)>> = plan
+        .groups
+        .iter()
+        .zip(&minted)
+        .map(|(g, &minted)| tails.iter().find(|((q, p), _)| *q == g.queue && *p == g.partition).map(|t| t.1).filter(|_| minted))
+        .collect();
+    for round in &rounds {
+        let segments: Vec<InSegment> = round
+            .iter()
+            .map(|c| {
+                let g = &plan.groups[c.group];
+                InSegment { queue: &g.queue, partition: &g.partition, hashes: &c.hashes, frames: &c.frames, tail: tail[c.group] }
+            })
+            .collect();
+        for (c, write) in round.iter().zip(coalescer.write_many_in(tx, &segments).await?) {
+            let g = &plan.groups[c.group];
+            let chunk = &g.leaders[c.leaders.clone()];
+            match write {
+                SegmentWrite::Written { partition_id, base_offset, .. } => {
+                    for (n, &idx) in chunk.iter().enumerate() {
+                        let message_id = plan.message_ids[idx];
+                        outcomes[idx] = Some(Outcome::Queued { message_id, partition_id, offset: base_offset + n as i64 });
+                    }
+                    written[c.group] = (partition_id, written[c.group].1 + chunk.len() as u64);
+                    if minted[c.group] {
+                        tail[c.group] = Some((partition_id, base_offset + chunk.len() as i64 - 1));
+                    }
+                }
+                SegmentWrite::Duplicates { dups, partition_id, .. } => {
+                    return Ok(Err(AlreadyThere {
+                        transaction_id: plan.txns[chunk[dups[0].0]].to_string(),
+                        queue: g.queue.clone(),
+                        partition: g.partition.clone(),
+                        partition_id,
+                        original: dups[0].1,
+                    }));
+                }
             }
         }
     }
+    let pushed = plan.groups.iter().zip(written).map(|(g, (pid, n))| (g.queue.clone(), pid, g.partition.clone(), n)).collect();
     plan.settle_followers(&mut outcomes);
+    let outcomes: Vec<Outcome> = outcomes.into_iter().map(|o| o.expect("every item has an outcome")).collect();
     let results = outcomes
-        .into_iter()
+        .iter()
         .enumerate()
         .map(|(idx, o)| {
-            let o = o.expect("every item has an outcome");
             let mut r = json!({"success": true, "transactionId": plan.txns[idx], "messageId": o.message_id().to_string(),
                                "queueName": items[idx].queue});
             if matches!(o, Outcome::Duplicate { .. }) {
@@ -396,7 +460,17 @@ pub async fn push_in(
             r
         })
         .collect();
-    Ok(Ok(Written { results, pushed }))
+    Ok(Ok(Written { results, pushed, outcomes }))
+}
+
+/// One segment's worth of a partition's items in [`push_in`].
+struct Chunk {
+    /// Index into the plan's groups.
+    group: usize,
+    /// Its items: a range of the group's leaders.
+    leaders: std::ops::Range<usize>,
+    frames: Vec<u8>,
+    hashes: Vec<i64>,
 }
 
 /// Which lease fences an ack sent without its own.

@@ -1,33 +1,45 @@
-//! Idempotent producers, as far as one broker process can keep them: the
-//! producer ids InitProducerId hands out, and per (producer, topic,
-//! partition) the sequence numbers of the last five batches written, so a
-//! resent batch is answered with its first offset instead of being written
-//! twice, and a gap is refused (OUT_OF_ORDER_SEQUENCE_NUMBER).
+//! Idempotent producers, durable: the producer ids InitProducerId hands
+//! out, their epochs, and per (producer, topic, partition) the sequence
+//! numbers and first offsets of the last five batches written, kept in
+//! PostgreSQL beside the log (migrations/0036_kafka_producers.sql).
 //!
-//! Why in memory: every current client turns idempotence on by default
-//! (librdkafka when asked, the Java client since 3.0, kafka-python 3), and
-//! a broker that refused InitProducerId would refuse them all. Producer ids
-//! come from a PostgreSQL sequence (migrations/0026), so they are unique
-//! across brokers and restarts; the windows are not durable. After a
-//! restart, or on another broker, a producer's first batch starts a new
-//! window whatever its sequence: at most the batches in flight across the
-//! restart can be written twice (at-least-once), which is what Kafka's own
-//! brokers promise when they lose a producer's state. Keeping the windows
-//! in PostgreSQL, in the transaction of the records, is issue 48.
+//! Why in the database and in the records' transaction: a batch whose
+//! answer was lost is sent again, to this broker after a restart or to
+//! another broker of the database. Only a window written in the same
+//! commit as the records tells every broker, at any later time, whether
+//! they are there. So an idempotent producer's batches do not go through
+//! the coalescer's shared commits: each Produce request's batches of one
+//! producer are one transaction that locks the producer's row, reads the
+//! windows, writes the batches that are new (through the transactions'
+//! push path, `ack::transaction::push_in_at`, so a batch is never split
+//! across commits), advances the windows, and commits: three round trips. A resend is answered with its original first offset; a gap
+//! with OUT_OF_ORDER_SEQUENCE_NUMBER; a batch of an older epoch than the
+//! producer's with INVALID_PRODUCER_EPOCH.
 //!
-//! Bounded: at most [`MAX_WINDOWS`] windows; past that the least recently
-//! used half is forgotten.
+//! A producer id this database does not know (it expired, or a broker of
+//! the previous version handed it out) is taken as it comes: its first
+//! batch opens a window whatever its sequence, as Kafka's own brokers do
+//! once a producer's state is gone.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::borrow::Cow;
+
+use deadpool_postgres::Pool;
+
 use super::codes::*;
+use crate::ack::transaction::{push_in_at, TxnError};
+use crate::db::DbError;
+use crate::http::AppState;
+use crate::push::{Outcome, PushItem};
 
-/// Batches remembered per window: Kafka's `max.in.flight` for idempotence.
+/// Batches remembered per window: Kafka's `max.in.flight` for idempotence
+/// (the functions of 0036 keep the same five).
+#[cfg(test)]
 const REMEMBERED: usize = 5;
-/// Windows kept at most.
-pub const MAX_WINDOWS: usize = 100_000;
 
+const INIT_SQL: &str = "SELECT o_producer, o_epoch FROM queen.kafka_init_producer_v1($1, $2)";
+const BEGIN_SQL: &str = "SELECT * FROM queen.kafka_produce_begin_v1($1, $2, $3, $4)";
+const RECORD_SQL: &str = "SELECT queen.kafka_produce_record_v1($1, $2, $3, $4, $5, $6, $7)";
+const EXPIRE_SQL: &str = "SELECT queen.kafka_producers_expire_v1($1, $2)";
 
 /// The producer fields of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +65,7 @@ fn next(seq: i32) -> i32 {
 /// What to do with a batch.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Write it, then [`Producers::written`].
+    /// New: write it.
     Write,
     /// Already written: answer this first offset.
     Duplicate(i64),
@@ -61,75 +73,176 @@ pub enum Verdict {
     Refuse(i16),
 }
 
+/// A partition's window as stored: its epoch and (first sequence, last
+/// sequence, first offset) of the remembered batches, oldest first.
+#[derive(Debug, Default)]
 struct Window {
     epoch: i16,
-    /// (first sequence, last sequence, first offset), oldest first.
-    batches: VecDeque<(i32, i32, i64)>,
-    used: Instant,
+    batches: Vec<(i32, i32, i64)>,
 }
 
-type Key = (i64, String, i32);
-
-/// The windows of this broker.
-#[derive(Default)]
-pub struct Producers {
-    windows: Mutex<HashMap<Key, Window>>,
-}
-
-impl Producers {
-    /// Whether `batch` of `topic`/`partition` is to be written.
-    pub fn check(&self, topic: &str, partition: i32, batch: Sequenced) -> Verdict {
-        let mut windows = self.windows.lock().expect("producers lock");
-        let Some(w) = windows.get_mut(&(batch.producer_id, topic.to_string(), partition)) else { return Verdict::Write };
-        w.used = Instant::now();
-        if batch.epoch < w.epoch {
-            return Verdict::Refuse(INVALID_PRODUCER_EPOCH);
-        }
-        if batch.epoch > w.epoch {
-            // A bumped epoch (KIP-360) starts its sequences afresh.
-            return if batch.first == 0 { Verdict::Write } else { Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER) };
-        }
-        if let Some(&(_, _, offset)) = w.batches.iter().find(|(f, l, _)| *f == batch.first && *l == batch.last()) {
-            return Verdict::Duplicate(offset);
-        }
-        match w.batches.back() {
-            Some(&(_, last, _)) if batch.first != next(last) => Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER),
-            _ => Verdict::Write,
-        }
+/// Whether `batch` is new, given the producer's current epoch and its
+/// partition's window (None: none yet).
+fn verdict(producer_epoch: i16, window: Option<&Window>, batch: Sequenced) -> Verdict {
+    if batch.epoch < producer_epoch {
+        return Verdict::Refuse(INVALID_PRODUCER_EPOCH);
     }
+    let Some(w) = window else { return Verdict::Write };
+    if batch.epoch < w.epoch {
+        return Verdict::Refuse(INVALID_PRODUCER_EPOCH);
+    }
+    if batch.epoch > w.epoch {
+        // A bumped epoch (KIP-360) starts its sequences afresh.
+        return if batch.first == 0 { Verdict::Write } else { Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER) };
+    }
+    if let Some(&(_, _, offset)) = w.batches.iter().find(|(f, l, _)| *f == batch.first && *l == batch.last()) {
+        return Verdict::Duplicate(offset);
+    }
+    match w.batches.last() {
+        Some(&(_, last, _)) if batch.first != next(last) => Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER),
+        _ => Verdict::Write,
+    }
+}
 
-    /// Records a written batch and its first offset.
-    pub fn written(&self, topic: &str, partition: i32, batch: Sequenced, offset: i64) {
-        let mut windows = self.windows.lock().expect("producers lock");
-        if windows.len() >= MAX_WINDOWS {
-            let mut ages: Vec<(Instant, Key)> = windows.iter().map(|(k, w)| (w.used, k.clone())).collect();
-            ages.sort_unstable_by_key(|(t, _)| *t);
-            for (_, k) in ages.into_iter().take(MAX_WINDOWS / 2) {
-                windows.remove(&k);
+/// One partition's batch of an idempotent producer's request.
+pub struct Lane<'a> {
+    pub queue: &'a str,
+    pub partition: &'a str,
+    pub batch: Sequenced,
+    /// The stored payloads of its records.
+    pub payloads: &'a [String],
+}
+
+/// InitProducerId without a transactional id: a new producer id (`bump`
+/// None), or KIP-360's next epoch of (id, epoch). `Ok(None)`: the epoch
+/// given is not the producer's (another session bumped it): fenced.
+pub async fn init_producer(pool: &Pool, bump: Option<(i64, i16)>) -> Result<Option<(i64, i16)>, DbError> {
+    let (id, epoch) = bump.unwrap_or((-1, -1));
+    let client = pool.get().await?;
+    let stmt = client.prepare_cached(INIT_SQL).await?;
+    let row = client.query_one(&stmt, &[&id, &epoch]).await?;
+    let (id, epoch): (i64, i16) = (row.get(0), row.get(1));
+    Ok((epoch >= 0).then_some((id, epoch)))
+}
+
+/// Writes the batches of one producer (all `lanes` share its id and
+/// epoch) in one transaction with their windows, and answers each lane's
+/// first offset (its original one for a resend) or its error code. An
+/// `Err` wrote nothing.
+pub async fn produce(state: &AppState, subject: Option<&str>, lanes: &[Lane<'_>]) -> Result<Vec<Result<i64, i16>>, TxnError> {
+    let Some(first) = lanes.first() else { return Ok(Vec::new()) };
+    let (producer, epoch) = (first.batch.producer_id, first.batch.epoch);
+    let queues: Vec<&str> = lanes.iter().map(|l| l.queue).collect();
+    let partitions: Vec<&str> = lanes.iter().map(|l| l.partition).collect();
+    let client = state.pool.get().await.map_err(DbError::from)?;
+    let (begin, record) = (client.prepare_cached(BEGIN_SQL).await?, client.prepare_cached(RECORD_SQL).await?);
+    // Three round trips: BEGIN with the lock and the windows, the batches'
+    // segments in one call, the windows' advance with COMMIT. Statements are
+    // prepared first, so each pipelined pair leaves in order.
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&producer, &epoch, &queues, &partitions];
+    let (begun, rows) = tokio::join!(client.batch_execute("BEGIN"), client.query(&begin, &params));
+    let written = async {
+        begun?;
+        let rows = rows?;
+        if rows.len() != lanes.len() {
+            return Err(DbError::Unexpected("kafka_produce_begin_v1 answered another count of windows".into()).into());
+        }
+        let verdicts: Vec<Verdict> = lanes
+            .iter()
+            .zip(&rows)
+            .map(|(lane, row)| {
+                let window = row.get::<_, Option<i16>>("o_window_epoch").map(|epoch| {
+                    let (f, l, o): (Vec<i32>, Vec<i32>, Vec<i64>) = (row.get("o_firsts"), row.get("o_lasts"), row.get("o_offsets"));
+                    Window { epoch, batches: f.into_iter().zip(l).zip(o).map(|((f, l), o)| (f, l, o)).collect() }
+                });
+                verdict(row.get("o_epoch"), window.as_ref(), lane.batch)
+            })
+            .collect();
+        let writes: Vec<usize> = (0..lanes.len()).filter(|&i| verdicts[i] == Verdict::Write).collect();
+        let items: Vec<PushItem> = writes
+            .iter()
+            .flat_map(|&i| {
+                let l = &lanes[i];
+                l.payloads.iter().map(move |payload| PushItem {
+                    queue: Cow::Borrowed(l.queue),
+                    partition: Cow::Borrowed(l.partition),
+                    transaction_id: None,
+                    trace_id: None,
+                    payload,
+                    message_id: None,
+                })
+            })
+            .collect();
+        let mut firsts: Vec<Option<i64>> = vec![None; lanes.len()];
+        let mut pushed = Vec::new();
+        if !items.is_empty() {
+            // The records' ids are minted here: from the tails read under
+            // the producer's lock, the segments skip the dedup check.
+            let tails: Vec<((&str, &str), (i64, i64))> = writes
+                .iter()
+                .filter_map(|&i| {
+                    let row = &rows[i];
+                    let tail = row.get::<_, Option<i64>>("o_partition_id").zip(row.get::<_, Option<i64>>("o_last_offset"));
+                    tail.map(|t| ((lanes[i].queue, lanes[i].partition), t))
+                })
+                .collect();
+            let written = push_in_at(&client, &state.coalescer, &items, subject, &tails)
+                .await?
+                .map_err(|dup| DbError::Unexpected(format!("a minted transactionId was found again: {dup}")))?;
+            let mut at = 0;
+            for &i in &writes {
+                let mine = &written.outcomes[at..at + lanes[i].payloads.len()];
+                at += lanes[i].payloads.len();
+                firsts[i] = mine.iter().filter_map(|o| if let Outcome::Queued { offset, .. } = o { Some(*offset) } else { None }).min();
             }
+            pushed = written.pushed;
         }
-        let w = windows
-            .entry((batch.producer_id, topic.to_string(), partition))
-            .or_insert_with(|| Window { epoch: batch.epoch, batches: VecDeque::new(), used: Instant::now() });
-        if batch.epoch != w.epoch {
-            w.epoch = batch.epoch;
-            w.batches.clear();
-        }
-        w.used = Instant::now();
-        w.batches.push_back((batch.first, batch.last(), offset));
-        while w.batches.len() > REMEMBERED {
-            w.batches.pop_front();
-        }
+        let recorded: Vec<usize> = writes.iter().copied().filter(|&i| firsts[i].is_some()).collect();
+        let col = |f: &dyn Fn(usize) -> i32| recorded.iter().map(|&i| f(i)).collect::<Vec<i32>>();
+        let (q, p): (Vec<&str>, Vec<&str>) = recorded.iter().map(|&i| (lanes[i].queue, lanes[i].partition)).unzip();
+        let offsets: Vec<i64> = recorded.iter().filter_map(|&i| firsts[i]).collect();
+        let (seq_firsts, seq_lasts) = (col(&|i| lanes[i].batch.first), col(&|i| lanes[i].batch.last()));
+        // A COMMIT after a failed statement rolls back, and the failure is what is answered.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [&producer, &epoch, &q, &p, &seq_firsts, &seq_lasts, &offsets];
+        let (advanced, committed) = tokio::join!(client.execute(&record, &params), client.batch_execute("COMMIT"));
+        advanced?;
+        committed?;
+        Ok::<_, TxnError>((verdicts, firsts, pushed))
     }
+    .await;
+    let (verdicts, firsts, pushed) = match written {
+        Ok(w) => w,
+        Err(e) => {
+            // Whatever failed, the connection goes back to the pool outside a transaction.
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(e);
+        }
+    };
+    for (queue, pid, partition, n) in pushed {
+        state.committed_push(&queue, pid, &partition, n);
+    }
+    Ok(verdicts
+        .into_iter()
+        .zip(firsts)
+        .map(|(v, first)| match v {
+            // A batch of control records only has no offset of its own.
+            Verdict::Write => Ok(first.unwrap_or(-1)),
+            Verdict::Duplicate(offset) => Ok(offset),
+            Verdict::Refuse(code) => Err(code),
+        })
+        .collect())
+}
 
-    /// Forgets a producer's windows (its epoch was bumped).
-    pub fn forget(&self, producer_id: i64) {
-        self.windows.lock().expect("producers lock").retain(|(p, ..), _| *p != producer_id);
+/// The producer-expiry pass: deletes up to `batch` producers idle for
+/// `idle` with their windows; `Ok(true)` when the batch was full.
+pub async fn expire(pool: &Pool, idle: std::time::Duration, batch: i32) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let stmt = client.prepare_cached(EXPIRE_SQL).await?;
+    let gone: i64 = client.query_one(&stmt, &[&(idle.as_secs() as i64), &batch]).await?.get(0);
+    if gone > 0 {
+        tracing::debug!(producers = gone, "expired idle kafka producers");
     }
-
-    pub fn len(&self) -> usize {
-        self.windows.lock().expect("producers lock").len()
-    }
+    Ok(gone >= i64::from(batch))
 }
 
 #[cfg(test)]
@@ -140,33 +253,37 @@ mod tests {
         Sequenced { producer_id: 7, epoch: 0, first, count }
     }
 
+    /// The window `batches` leave, as 0036's record function keeps it.
+    fn window(epoch: i16, batches: &[(i32, i32, i64)]) -> Window {
+        let keep = batches.len().saturating_sub(REMEMBERED);
+        Window { epoch, batches: batches[keep..].to_vec() }
+    }
+
     #[test]
     fn a_resent_batch_is_a_duplicate_a_gap_is_refused_and_an_old_epoch_is_fenced() {
-        let p = Producers::default();
-        assert_eq!(p.check("t", 0, b(0, 10)), Verdict::Write);
-        p.written("t", 0, b(0, 10), 100);
-        assert_eq!(p.check("t", 0, b(0, 10)), Verdict::Duplicate(100));
-        assert_eq!(p.check("t", 0, b(11, 5)), Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER));
-        assert_eq!(p.check("t", 0, b(10, 5)), Verdict::Write);
-        p.written("t", 0, b(10, 5), 110);
-        assert_eq!(p.check("t", 1, b(3, 1)), Verdict::Write, "another partition: its own window");
-        for i in 0..5 {
-            p.written("t", 0, b(15 + i, 1), 115 + i as i64);
-        }
-        assert_eq!(p.check("t", 0, b(0, 10)), Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER), "only the last five are remembered");
-        assert_eq!(p.check("t", 0, b(19, 1)), Verdict::Duplicate(119));
+        assert_eq!(verdict(0, None, b(0, 10)), Verdict::Write);
+        assert_eq!(verdict(0, None, b(17, 1)), Verdict::Write, "no window: taken as it comes");
+        let w = window(0, &[(0, 9, 100)]);
+        assert_eq!(verdict(0, Some(&w), b(0, 10)), Verdict::Duplicate(100));
+        assert_eq!(verdict(0, Some(&w), b(11, 5)), Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER));
+        assert_eq!(verdict(0, Some(&w), b(10, 5)), Verdict::Write);
+        let seven = [(0, 9, 100), (10, 14, 110), (15, 15, 115), (16, 16, 116), (17, 17, 117), (18, 18, 118), (19, 19, 119)];
+        let w = window(0, &seven);
+        assert_eq!(verdict(0, Some(&w), b(0, 10)), Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER), "only the last five are remembered");
+        assert_eq!(verdict(0, Some(&w), b(19, 1)), Verdict::Duplicate(119));
+        assert_eq!(verdict(0, Some(&w), b(15, 1)), Verdict::Duplicate(115));
         let bumped = Sequenced { epoch: 1, ..b(0, 1) };
-        assert_eq!(p.check("t", 0, bumped), Verdict::Write);
-        p.written("t", 0, bumped, 200);
-        assert_eq!(p.check("t", 0, b(20, 1)), Verdict::Refuse(INVALID_PRODUCER_EPOCH));
-        p.forget(7);
-        assert_eq!(p.len(), 0);
+        assert_eq!(verdict(1, Some(&w), bumped), Verdict::Write, "a bumped epoch starts at 0");
+        assert_eq!(verdict(1, Some(&w), Sequenced { epoch: 1, ..b(5, 1) }), Verdict::Refuse(OUT_OF_ORDER_SEQUENCE_NUMBER));
+        assert_eq!(verdict(1, Some(&w), b(20, 1)), Verdict::Refuse(INVALID_PRODUCER_EPOCH), "the producer's epoch fences");
+        assert_eq!(verdict(0, Some(&window(1, &[(0, 0, 5)])), b(20, 1)), Verdict::Refuse(INVALID_PRODUCER_EPOCH), "so does the window's");
     }
 
     #[test]
     fn sequences_wrap_at_i32_max() {
-        let p = Producers::default();
-        p.written("t", 0, b(i32::MAX - 1, 2), 5);
-        assert_eq!(p.check("t", 0, b(0, 1)), Verdict::Write);
+        let w = window(0, &[(i32::MAX - 1, i32::MAX, 5)]);
+        assert_eq!(b(i32::MAX - 1, 2).last(), i32::MAX);
+        assert_eq!(b(i32::MAX, 2).last(), 0);
+        assert_eq!(verdict(0, Some(&w), b(0, 1)), Verdict::Write);
     }
 }

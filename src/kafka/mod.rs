@@ -50,6 +50,9 @@ const MAX_CONNECTIONS: usize = 10_000;
 /// KiB: a frame is read only once its size fits, so many large requests
 /// wait instead of growing the broker past this.
 const FRAME_BUDGET_KIB: usize = 1 << 20;
+/// How often idle producers are looked for, and most deleted a tick.
+const PRODUCER_EXPIRY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+const PRODUCER_EXPIRY_BATCH: i32 = 1_000;
 
 /// What every connection shares: the broker's state, this node's advertised
 /// address, and the group coordinator.
@@ -59,8 +62,6 @@ pub struct Kafka {
     /// This broker's node and the other live ones.
     pub nodes: Arc<nodes::Nodes>,
     pub groups: Arc<groups::Coordinator>,
-    /// Idempotent producers' sequence windows.
-    pub producers: idempotence::Producers,
     /// The frame bytes all connections may hold at once ([`FRAME_BUDGET_KIB`]).
     pub frames: Arc<Semaphore>,
 }
@@ -138,10 +139,15 @@ pub async fn spawn(state: AppState, listener: Listener, shutdown: broadcast::Sen
     let advertised = format!("{host}:{port}");
     let groups = groups::Coordinator::new(cfg.group_initial_delay);
     groups.spawn_expiry(shutdown.subscribe());
+    let (pool, idle) = (state.pool.clone(), cfg.producer_expiry);
+    crate::maintenance::spawn_service("kafka_producer_expiry", PRODUCER_EXPIRY_EVERY, shutdown.subscribe(), move || {
+        let pool = pool.clone();
+        async move { idempotence::expire(&pool, idle, PRODUCER_EXPIRY_BATCH).await }
+    });
     let nodes = nodes::Nodes::alone(host, port);
     nodes.start(state.pool.clone(), shutdown.subscribe()).await;
     tracing::info!(%local, %advertised, node = nodes.me().id, tls = tls.is_some(), "kafka listening on {local}");
-    let kafka = Arc::new(Kafka { state, config: cfg, nodes, groups, producers: Default::default(), frames: Arc::new(Semaphore::new(FRAME_BUDGET_KIB)) });
+    let kafka = Arc::new(Kafka { state, config: cfg, nodes, groups, frames: Arc::new(Semaphore::new(FRAME_BUDGET_KIB)) });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut stop = shutdown.subscribe();
     tokio::spawn(async move {
@@ -194,11 +200,6 @@ pub fn coordination_key(group: &str) -> String {
     format!("group\0{group}")
 }
 
-/// A producer id no broker of this database handed out before.
-async fn next_producer_id(pool: &deadpool_postgres::Pool) -> Result<i64, crate::db::DbError> {
-    let client = pool.get().await?;
-    Ok(client.query_one("SELECT nextval('queen.kafka_producer_ids')", &[]).await?.get(0))
-}
 
 /// Checks a SASL PLAIN token and records who authenticated.
 fn authenticate(kafka: &Kafka, session: &mut sasl::Session, token: &[u8]) -> Result<(), String> {
@@ -428,17 +429,15 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
             if r.transactional_id.is_some() {
                 // Transactions are issue 48: a transactional producer is told now, not mid-transaction.
                 a.error_code = INVALID_REQUEST;
-            } else if r.producer_id.0 >= 0 && r.producer_epoch >= 0 && r.producer_epoch < i16::MAX {
-                // KIP-360: the same id under the next epoch, its windows reset.
-                kafka.producers.forget(r.producer_id.0);
-                a.producer_id = r.producer_id;
-                a.producer_epoch = r.producer_epoch + 1;
             } else {
-                match next_producer_id(&kafka.state.pool).await {
-                    Ok(id) => {
+                // KIP-360: a producer that names its id and epoch asks for the next epoch.
+                let bump = (r.producer_id.0 >= 0 && r.producer_epoch >= 0).then_some((r.producer_id.0, r.producer_epoch));
+                match idempotence::init_producer(&kafka.state.pool, bump).await {
+                    Ok(Some((id, epoch))) => {
                         a.producer_id = ProducerId(id);
-                        a.producer_epoch = 0;
+                        a.producer_epoch = epoch;
                     }
+                    Ok(None) => a.error_code = INVALID_PRODUCER_EPOCH,
                     Err(e) => {
                         tracing::warn!(error = %e, "kafka init producer id failed");
                         a.error_code = COORDINATOR_NOT_AVAILABLE;

@@ -4,6 +4,11 @@
 //! answer comes only after the commit (as HTTP's 201 does); `acks=0` gets
 //! none at all.
 //!
+//! An idempotent producer's batches are the exception: they are written
+//! in a transaction of their own with the producer's sequence windows
+//! ([`idempotence`]), so that a resend is known as one by any broker at
+//! any time.
+//!
 //! A partition whose batch does not decode, or whose topic name is not a
 //! queue name, is refused alone; the others are written. The broker mints
 //! every record's transactionId (Kafka has no such id), so none is ever a
@@ -15,7 +20,7 @@ use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, ProduceResponse, TopicProduceResponse};
 
 use super::topics::{partition_name, valid_name};
-use super::idempotence::{Sequenced, Verdict};
+use super::idempotence::{self, Sequenced};
 use super::{batch, records, Kafka};
 use crate::push::{self, Outcome, PushItem};
 use super::codes::*;
@@ -30,8 +35,8 @@ struct Lane {
     error: i16,
     /// An idempotent producer's batch: its sequence window decides.
     sequenced: Option<Sequenced>,
-    /// Already written: its first offset.
-    duplicate: Option<i64>,
+    /// The first offset written (or, for a resend, written before).
+    first: Option<i64>,
 }
 
 /// `Produce`; `None` when the request asked for no answer (`acks=0`).
@@ -42,24 +47,13 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
     for (t, topic) in req.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
         for p in &topic.partition_data {
-            let mut lane =
-                Lane { topic: t, index: p.index, partition: String::new(), payloads: Vec::new(), error: 0, sequenced: None, duplicate: None };
+            let mut lane = Lane { topic: t, index: p.index, partition: String::new(), payloads: Vec::new(), error: 0, sequenced: None, first: None };
             match (valid_name(name), partition_name(p.index)) {
                 (false, _) => lane.error = INVALID_TOPIC_EXCEPTION,
                 (_, None) => lane.error = UNKNOWN_TOPIC_OR_PARTITION,
                 (true, Some(partition)) => {
                     lane.partition = partition;
                     (lane.error, lane.sequenced) = stored_payloads(p.records.as_deref().unwrap_or_default(), &mut lane.payloads);
-                    if let (0, Some(seq)) = (lane.error, lane.sequenced) {
-                        match kafka.producers.check(name, p.index, seq) {
-                            Verdict::Write => {}
-                            Verdict::Duplicate(offset) => {
-                                lane.duplicate = Some(offset);
-                                lane.payloads.clear();
-                            }
-                            Verdict::Refuse(code) => lane.error = code,
-                        }
-                    }
                 }
             }
             lanes.push(lane);
@@ -68,46 +62,56 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
     if !kafka.config.auto_create {
         refuse_unknown_topics(kafka, req, &mut lanes).await;
     }
-    let items: Vec<PushItem> = lanes
-        .iter()
-        .filter(|l| l.error == 0 && l.duplicate.is_none())
-        .flat_map(|l| {
-            let queue = req.topic_data[l.topic].name.0.as_str();
-            l.payloads.iter().map(move |payload| PushItem {
-                queue: Cow::Borrowed(queue),
-                partition: Cow::Borrowed(l.partition.as_str()),
-                transaction_id: None,
-                trace_id: None,
-                payload,
-                message_id: None,
-            })
-        })
-        .collect();
-    // Each written lane's first offset, in lane order.
-    let mut firsts: Vec<Option<i64>> = vec![None; lanes.len()];
-    if !items.is_empty() {
-        let state = &kafka.state;
-        let written = if state.push_maintenance() { None } else { Some(push::push_items(&state.coalescer, &items, producer).await) };
+    if kafka.state.push_maintenance() {
+        // Push maintenance: HTTP pushes go to the spool, which has no
+        // offsets to give; Kafka producers retry until it ends.
+        lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR);
+    }
+    // Plain batches share the coalescer's commits; an idempotent
+    // producer's go in a transaction of their own with its windows.
+    let mut producers: Vec<(i64, i16)> = lanes.iter().filter(|l| l.error == 0).filter_map(|l| l.sequenced).map(|s| (s.producer_id, s.epoch)).collect();
+    producers.sort_unstable();
+    producers.dedup();
+    let plain = write_plain(kafka, req, &lanes, producer);
+    let sequenced = futures_util::future::join_all(producers.iter().map(|&(id, epoch)| {
+        let mine: Vec<usize> = (0..lanes.len())
+            .filter(|&i| lanes[i].error == 0 && lanes[i].sequenced.is_some_and(|s| (s.producer_id, s.epoch) == (id, epoch)))
+            .collect();
+        let lanes = &lanes;
+        async move {
+            let batches: Vec<idempotence::Lane> = mine
+                .iter()
+                .map(|&i| {
+                    let l = &lanes[i];
+                    let batch = l.sequenced.expect("a sequenced lane");
+                    idempotence::Lane { queue: req.topic_data[l.topic].name.0.as_str(), partition: &l.partition, batch, payloads: &l.payloads }
+                })
+                .collect();
+            let written = idempotence::produce(&kafka.state, producer, &batches).await;
+            (mine, written)
+        }
+    }));
+    let (plain, sequenced) = tokio::join!(plain, sequenced);
+    for (i, first) in plain {
+        match first {
+            Ok(offset) => lanes[i].first = Some(offset),
+            Err(code) => lanes[i].error = code,
+        }
+    }
+    for (mine, written) in sequenced {
         match written {
-            Some(Ok(results)) => {
-                state.committed_results(&results);
-                let mut at = 0;
-                for (i, l) in lanes.iter().enumerate().filter(|(_, l)| l.error == 0 && l.duplicate.is_none()) {
-                    let mine = &results[at..at + l.payloads.len()];
-                    at += l.payloads.len();
-                    firsts[i] = mine.iter().filter_map(|r| if let Outcome::Queued { offset, .. } = r.outcome { Some(offset) } else { None }).min();
-                    if let (Some(seq), Some(first)) = (l.sequenced, firsts[i]) {
-                        kafka.producers.written(&req.topic_data[l.topic].name.0, l.index, seq, first);
+            Ok(answers) => {
+                for (i, a) in mine.into_iter().zip(answers) {
+                    match a {
+                        Ok(offset) => lanes[i].first = Some(offset),
+                        Err(code) => lanes[i].error = code,
                     }
                 }
             }
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "kafka produce failed; the producer retries");
-                lanes.iter_mut().filter(|l| l.error == 0 && l.duplicate.is_none()).for_each(|l| l.error = KAFKA_STORAGE_ERROR);
+            Err(e) => {
+                tracing::warn!(error = %e, "kafka idempotent produce failed; the producer retries");
+                mine.into_iter().for_each(|i| lanes[i].error = KAFKA_STORAGE_ERROR);
             }
-            // Push maintenance: HTTP pushes go to the spool, which has no
-            // offsets to give; Kafka producers retry until it ends.
-            None => lanes.iter_mut().filter(|l| l.error == 0 && l.duplicate.is_none()).for_each(|l| l.error = KAFKA_STORAGE_ERROR),
         }
     }
     if req.acks == 0 {
@@ -123,20 +127,60 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
             out
         })
         .collect();
-    for (i, l) in lanes.iter().enumerate() {
+    for l in &lanes {
         let mut p = PartitionProduceResponse::default();
         p.index = l.index;
         p.error_code = l.error;
-        p.base_offset = match (l.error, l.duplicate) {
-            (0, Some(offset)) => offset,
-            (0, None) => firsts[i].unwrap_or(-1),
-            _ => -1,
-        };
+        p.base_offset = if l.error == 0 { l.first.unwrap_or(-1) } else { -1 };
         p.log_append_time_ms = -1;
         p.log_start_offset = -1;
         r.responses[l.topic].partition_responses.push(p);
     }
     Some(r)
+}
+
+/// The plain (non-idempotent) lanes through `push::push_items`: each
+/// one's first offset or error code, by lane index.
+async fn write_plain(kafka: &Kafka, req: &ProduceRequest, lanes: &[Lane], producer: Option<&str>) -> Vec<(usize, Result<i64, i16>)> {
+    let plain: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i].error == 0 && lanes[i].sequenced.is_none()).collect();
+    let items: Vec<PushItem> = plain
+        .iter()
+        .flat_map(|&i| {
+            let l = &lanes[i];
+            let queue = req.topic_data[l.topic].name.0.as_str();
+            l.payloads.iter().map(move |payload| PushItem {
+                queue: Cow::Borrowed(queue),
+                partition: Cow::Borrowed(l.partition.as_str()),
+                transaction_id: None,
+                trace_id: None,
+                payload,
+                message_id: None,
+            })
+        })
+        .collect();
+    if items.is_empty() {
+        // Batches of control records only: nothing to write.
+        return plain.into_iter().map(|i| (i, Ok(-1))).collect();
+    }
+    match push::push_items(&kafka.state.coalescer, &items, producer).await {
+        Ok(results) => {
+            kafka.state.committed_results(&results);
+            let mut at = 0;
+            plain
+                .into_iter()
+                .map(|i| {
+                    let mine = &results[at..at + lanes[i].payloads.len()];
+                    at += lanes[i].payloads.len();
+                    let first = mine.iter().filter_map(|r| if let Outcome::Queued { offset, .. } = r.outcome { Some(offset) } else { None }).min();
+                    (i, Ok(first.unwrap_or(-1)))
+                })
+                .collect()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "kafka produce failed; the producer retries");
+            plain.into_iter().map(|i| (i, Err(KAFKA_STORAGE_ERROR))).collect()
+        }
+    }
 }
 
 /// Decodes a partition's batches into stored payloads; answers the error

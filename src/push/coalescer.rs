@@ -25,7 +25,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::{oneshot, Notify};
 use uuid::Uuid;
 
-use super::dedup::{load_key, DedupCache, Segment};
+use super::dedup::{load_key, DedupCache, Known, Segment};
 use super::group::GroupCommitter;
 use super::segment::{append_segment, append_with_memory, keeps_no_window, originals, PushError, MemorySegment, SegmentWrite};
 use crate::db::DbError;
@@ -46,6 +46,23 @@ pub struct EntryItem {
     pub txn_hash: i64,
     pub message_id: Uuid,
     pub frame: Range<usize>,
+}
+
+/// One segment of [`Coalescer::write_many_in`]: encoded frames for
+/// (queue, partition) and their transactionIds' hashes.
+pub struct InSegment<'a> {
+    pub queue: &'a str,
+    pub partition: &'a str,
+    pub hashes: &'a [i64],
+    pub frames: &'a [u8],
+    /// Set only when every id of the segment was minted by the broker just
+    /// now (no earlier message can hold one): the partition's id and last
+    /// offset as the caller's transaction read them. The dedup check is
+    /// then skipped: PostgreSQL is told the memory covers the partition up
+    /// to that offset, and the memory is told nothing (it catches up on
+    /// the partition's next write). A tail that moved since is only slower:
+    /// PostgreSQL checks what it no longer covers.
+    pub tail: Option<(i64, i64)>,
 }
 
 /// What became of one pushed message.
@@ -195,26 +212,66 @@ impl Coalescer {
         hashes: &[i64],
         frames: &[u8],
     ) -> Result<SegmentWrite, DbError> {
-        let blob = compress_frames(frames, self.inner.cfg.zstd_level);
-        let window = self.inner.windows.lock().expect("windows lock poisoned").get(queue).copied();
-        if keeps_no_window(window) {
-            return append_segment(client, queue, partition, hashes, &blob).await;
-        }
-        let dedup = &self.inner.dedup;
-        let check = window.map(|w| dedup.check(queue, partition, w, hashes)).unwrap_or_default();
-        if let (Some(known), false) = (check.known, check.dups.is_empty()) {
-            let candidates: Vec<(i64, i64)> = check.dups.iter().map(|&(i, off)| (off, hashes[i])).collect();
-            let ids = originals(client, known.pid, &candidates, self.hasher_in(client).await?).await?;
-            let dups: Vec<(usize, Uuid)> = check.dups.iter().zip(ids).filter_map(|(d, id)| id.map(|id| (d.0, id))).collect();
-            if !dups.is_empty() {
-                return Ok(SegmentWrite::Duplicates { partition_id: known.pid, window: window.unwrap_or(1), dups });
+        let mut written = self.write_many_in(client, &[InSegment { queue, partition, hashes, frames, tail: None }]).await?;
+        written.pop().ok_or_else(|| DbError::Unexpected("push_segments_of_queues_v1 answered nothing".into()))
+    }
+
+    /// [`Coalescer::write_in`] for segments of different partitions (one
+    /// each): those of queues with a dedup window, or several of any, in
+    /// one call of `queen.push_segments_of_queues_v1`, a round trip for
+    /// all of them. Each segment's outcome, in order.
+    pub async fn write_many_in(
+        &self,
+        client: &impl deadpool_postgres::GenericClient,
+        segments: &[InSegment<'_>],
+    ) -> Result<Vec<SegmentWrite>, DbError> {
+        let blobs: Vec<Vec<u8>> = segments.iter().map(|s| compress_frames(s.frames, self.inner.cfg.zstd_level)).collect();
+        let windows: Vec<Option<i32>> = {
+            let known = self.inner.windows.lock().expect("windows lock poisoned");
+            segments.iter().map(|s| known.get(s.queue).copied()).collect()
+        };
+        if let ([s], [window]) = (segments, windows.as_slice()) {
+            if keeps_no_window(*window) {
+                return Ok(vec![append_segment(client, s.queue, s.partition, s.hashes, &blobs[0]).await?]);
             }
         }
-        let segment = MemorySegment { queue, partition, hashes, blob: &blob, known: check.known };
-        let appended = append_with_memory(client, std::slice::from_ref(&segment)).await?.pop();
-        let appended = appended.ok_or_else(|| DbError::Unexpected("push_segments_of_queues_v1 answered nothing".into()))?;
-        dedup.absorb(queue, partition, check.known, &appended.answer, None);
-        Ok(appended.write)
+        let dedup = &self.inner.dedup;
+        let mut out: Vec<Option<SegmentWrite>> = segments.iter().map(|_| None).collect();
+        let mut checks = Vec::with_capacity(segments.len());
+        for (n, (s, window)) in segments.iter().zip(&windows).enumerate() {
+            if let Some((pid, last)) = s.tail {
+                checks.push(Some(Known { pid, last, window: i32::MAX }));
+                continue;
+            }
+            let check = window.filter(|w| *w > 0).map(|w| dedup.check(s.queue, s.partition, w, s.hashes)).unwrap_or_default();
+            if let (Some(known), false) = (check.known, check.dups.is_empty()) {
+                let candidates: Vec<(i64, i64)> = check.dups.iter().map(|&(i, off)| (off, s.hashes[i])).collect();
+                let ids = originals(client, known.pid, &candidates, self.hasher_in(client).await?).await?;
+                let dups: Vec<(usize, Uuid)> = check.dups.iter().zip(ids).filter_map(|(d, id)| id.map(|id| (d.0, id))).collect();
+                if !dups.is_empty() {
+                    out[n] = Some(SegmentWrite::Duplicates { partition_id: known.pid, window: window.unwrap_or(1), dups });
+                }
+            }
+            checks.push(check.known);
+        }
+        let calls: Vec<usize> = (0..segments.len()).filter(|&n| out[n].is_none()).collect();
+        let memory: Vec<MemorySegment> = calls
+            .iter()
+            .map(|&n| {
+                let s = &segments[n];
+                MemorySegment { queue: s.queue, partition: s.partition, hashes: s.hashes, blob: &blobs[n], known: checks[n] }
+            })
+            .collect();
+        if !memory.is_empty() {
+            let appended = append_with_memory(client, &memory).await?;
+            for (&n, a) in calls.iter().zip(appended) {
+                if segments[n].tail.is_none() {
+                    dedup.absorb(segments[n].queue, segments[n].partition, checks[n], &a.answer, None);
+                }
+                out[n] = Some(a.write);
+            }
+        }
+        out.into_iter().map(|w| w.ok_or_else(|| DbError::Unexpected("a segment was left unwritten".into()))).collect()
     }
 
     /// Queues a chunk for (queue, partition) and returns where its outcome
