@@ -374,29 +374,7 @@ pub async fn push_in_at(
     let hasher = coalescer.hasher_in(tx).await?;
     let plan = PushPlan::new(items, producer, coalescer.encryption(), hasher).map_err(TxnError::NoKey)?;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; items.len()];
-    // Segments of at most the coalescer's bounds, as every other writer
-    // keeps them (a reader slices one segment at a time). Round k holds the
-    // k-th segment of every partition: one call writes a round (a call
-    // takes one segment per partition), all in the caller's transaction.
-    let cfg = coalescer.config();
-    let mut rounds: Vec<Vec<Chunk>> = Vec::new();
-    for (g, group) in plan.groups.iter().enumerate() {
-        let (mut at, mut k) = (0, 0);
-        while at < group.leaders.len() {
-            let mut frames = Vec::new();
-            let mut end = at;
-            while end < group.leaders.len() && (end == at || (end - at < cfg.max_frames && frames.len() < cfg.max_bytes)) {
-                plan.frame(items, group.leaders[end]).encode_into(&mut frames).map_err(|e| TxnError::BadRequest(e.to_string()))?;
-                end += 1;
-            }
-            let hashes = group.leaders[at..end].iter().map(|&i| plan.hashes[i]).collect();
-            if rounds.len() == k {
-                rounds.push(Vec::new());
-            }
-            rounds[k].push(Chunk { group: g, leaders: at..end, frames, hashes });
-            (at, k) = (end, k + 1);
-        }
-    }
+    let rounds = chunks(&plan, items, coalescer.config())?;
     let mut written: Vec<(i64, u64)> = vec![(0, 0); plan.groups.len()];
     // Each group's tail where its ids are all minted here and `tails` is
     // asked to skip the check (a new partition's from its first segment).
@@ -461,6 +439,63 @@ pub async fn push_in_at(
         })
         .collect();
     Ok(Ok(Written { results, pushed, outcomes }))
+}
+
+/// A partition's items cut into segments of at most the coalescer's bounds,
+/// as every other writer keeps them (a reader slices one segment at a
+/// time). Round k holds the k-th segment of every partition: one call
+/// writes a round (a call takes one segment per partition).
+fn chunks(plan: &PushPlan<'_>, items: &[PushItem<'_>], cfg: &crate::config::CoalesceConfig) -> Result<Vec<Vec<Chunk>>, TxnError> {
+    let mut rounds: Vec<Vec<Chunk>> = Vec::new();
+    for (g, group) in plan.groups.iter().enumerate() {
+        let (mut at, mut k) = (0, 0);
+        while at < group.leaders.len() {
+            let mut frames = Vec::new();
+            let mut end = at;
+            while end < group.leaders.len() && (end == at || (end - at < cfg.max_frames && frames.len() < cfg.max_bytes)) {
+                plan.frame(items, group.leaders[end]).encode_into(&mut frames).map_err(|e| TxnError::BadRequest(e.to_string()))?;
+                end += 1;
+            }
+            let hashes = group.leaders[at..end].iter().map(|&i| plan.hashes[i]).collect();
+            if rounds.len() == k {
+                rounds.push(Vec::new());
+            }
+            rounds[k].push(Chunk { group: g, leaders: at..end, frames, hashes });
+            (at, k) = (end, k + 1);
+        }
+    }
+    Ok(rounds)
+}
+
+/// A segment ready to be written later: a Kafka transaction stages its
+/// records as these until it commits (`kafka::transactions`).
+pub struct Staged {
+    pub queue: String,
+    pub partition: String,
+    pub hashes: Vec<i64>,
+    /// The compressed frames.
+    pub blob: Vec<u8>,
+}
+
+/// `items` as the segments [`push_in`] would write, in the order a
+/// partition's must be written; nothing is written.
+pub async fn stage(
+    client: &impl deadpool_postgres::GenericClient,
+    coalescer: &crate::push::Coalescer,
+    items: &[PushItem<'_>],
+    producer: Option<&str>,
+) -> Result<Vec<Staged>, TxnError> {
+    let hasher = coalescer.hasher_in(client).await?;
+    let plan = PushPlan::new(items, producer, coalescer.encryption(), hasher).map_err(TxnError::NoKey)?;
+    let level = coalescer.config().zstd_level;
+    Ok(chunks(&plan, items, coalescer.config())?
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let g = &plan.groups[c.group];
+            Staged { queue: g.queue.clone(), partition: g.partition.clone(), blob: crate::log::compress_frames(&c.frames, level), hashes: c.hashes }
+        })
+        .collect())
 }
 
 /// One segment's worth of a partition's items in [`push_in`].

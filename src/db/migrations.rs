@@ -70,6 +70,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(34, "0034_push_across_queues.sql"),
     migration!(35, "0035_claim_reports_the_tail.sql"),
     migration!(36, "0036_kafka_producers.sql"),
+    migration!(37, "0037_kafka_transactions.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -23,7 +23,7 @@ use super::codes::{
 pub fn need(key: ApiKey) -> Level {
     match key {
         ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate | ApiKey::FindCoordinator => Level::Public,
-        ApiKey::Produce | ApiKey::InitProducerId => Level::WriteOnly,
+        ApiKey::Produce | ApiKey::InitProducerId | ApiKey::AddPartitionsToTxn | ApiKey::EndTxn => Level::WriteOnly,
         ApiKey::Fetch
         | ApiKey::ListOffsets
         | ApiKey::Metadata
@@ -291,6 +291,56 @@ pub fn denied(req: &Request) -> Reply {
             a.error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED; // Kafka's answer to a producer without write
             a.producer_id = ProducerId(-1);
             a.producer_epoch = -1;
+            req.answer(&a)
+        }
+        ApiKey::AddPartitionsToTxn => {
+            let r = decode!(req, AddPartitionsToTxnRequest);
+            let mut a = AddPartitionsToTxnResponse::default();
+            a.results_by_topic_v3_and_below = r
+                .v3_and_below_topics
+                .iter()
+                .map(|t| {
+                    let mut out = add_partitions_to_txn_response::AddPartitionsToTxnTopicResult::default();
+                    out.name = t.name.clone();
+                    out.results_by_partition = t
+                        .partitions
+                        .iter()
+                        .map(|&p| {
+                            let mut a = add_partitions_to_txn_response::AddPartitionsToTxnPartitionResult::default();
+                            a.partition_index = p;
+                            a.partition_error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+                            a
+                        })
+                        .collect();
+                    out
+                })
+                .collect();
+            req.answer(&a)
+        }
+        ApiKey::EndTxn => {
+            let r = decode!(req, EndTxnRequest);
+            let mut a = EndTxnResponse::default();
+            (a.error_code, a.producer_id, a.producer_epoch) = (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, r.producer_id, r.producer_epoch);
+            req.answer(&a)
+        }
+        ApiKey::AddOffsetsToTxn => {
+            let mut a = AddOffsetsToTxnResponse::default();
+            a.error_code = GROUP;
+            req.answer(&a)
+        }
+        ApiKey::TxnOffsetCommit => {
+            let r = decode!(req, TxnOffsetCommitRequest);
+            let mut a = TxnOffsetCommitResponse::default();
+            for t in &r.topics {
+                let mut out = txn_offset_commit_response::TxnOffsetCommitResponseTopic::default();
+                out.name = t.name.clone();
+                for p in &t.partitions {
+                    let mut part = txn_offset_commit_response::TxnOffsetCommitResponsePartition::default();
+                    (part.partition_index, part.error_code) = (p.partition_index, GROUP);
+                    out.partitions.push(part);
+                }
+                a.topics.push(out);
+            }
             req.answer(&a)
         }
         other => Reply::Close(format!("{other:?} refused: insufficient permissions")),

@@ -26,7 +26,7 @@ use std::borrow::Cow;
 use deadpool_postgres::Pool;
 
 use super::codes::*;
-use crate::ack::transaction::{push_in_at, TxnError};
+use crate::ack::transaction::{push_in_at, stage, TxnError};
 use crate::db::DbError;
 use crate::http::AppState;
 use crate::push::{Outcome, PushItem};
@@ -40,6 +40,8 @@ const INIT_SQL: &str = "SELECT o_producer, o_epoch FROM queen.kafka_init_produce
 const BEGIN_SQL: &str = "SELECT * FROM queen.kafka_produce_begin_v1($1, $2, $3, $4)";
 const RECORD_SQL: &str = "SELECT queen.kafka_produce_record_v1($1, $2, $3, $4, $5, $6, $7)";
 const EXPIRE_SQL: &str = "SELECT queen.kafka_producers_expire_v1($1, $2)";
+const TXN_STATE_SQL: &str = "SELECT transactional_id, txn_state FROM queen.kafka_producers WHERE producer_id = $1";
+const STAGE_SQL: &str = "SELECT queen.kafka_txn_stage_v1($1, $2, $3, $4, $5, $6)";
 
 /// The producer fields of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub struct Sequenced {
     pub epoch: i16,
     pub first: i32,
     pub count: i32,
+    /// A transactional producer's batch: staged until its EndTxn.
+    pub transactional: bool,
 }
 
 impl Sequenced {
@@ -129,24 +133,37 @@ pub async fn init_producer(pool: &Pool, bump: Option<(i64, i16)>) -> Result<Opti
 /// epoch) in one transaction with their windows, and answers each lane's
 /// first offset (its original one for a resend) or its error code. An
 /// `Err` wrote nothing.
-pub async fn produce(state: &AppState, subject: Option<&str>, lanes: &[Lane<'_>]) -> Result<Vec<Result<i64, i16>>, TxnError> {
+pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>, lanes: &[Lane<'_>]) -> Result<Vec<Result<i64, i16>>, TxnError> {
     let Some(first) = lanes.first() else { return Ok(Vec::new()) };
     let (producer, epoch) = (first.batch.producer_id, first.batch.epoch);
+    let transactional = lanes.iter().any(|l| l.batch.transactional);
     let queues: Vec<&str> = lanes.iter().map(|l| l.queue).collect();
     let partitions: Vec<&str> = lanes.iter().map(|l| l.partition).collect();
     let client = state.pool.get().await.map_err(DbError::from)?;
     let (begin, record) = (client.prepare_cached(BEGIN_SQL).await?, client.prepare_cached(RECORD_SQL).await?);
+    let (state_of, stage_sql) = (client.prepare_cached(TXN_STATE_SQL).await?, client.prepare_cached(STAGE_SQL).await?);
     // Three round trips: BEGIN with the lock and the windows, the batches'
     // segments in one call, the windows' advance with COMMIT. Statements are
     // prepared first, so each pipelined pair leaves in order.
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&producer, &epoch, &queues, &partitions];
-    let (begun, rows) = tokio::join!(client.batch_execute("BEGIN"), client.query(&begin, &params));
+    let one: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&producer];
+    let (begun, rows, txn_state) =
+        tokio::join!(client.batch_execute("BEGIN"), client.query(&begin, &params), client.query_opt(&state_of, &one));
     let written = async {
         begun?;
         let rows = rows?;
+        let txn_state = txn_state?;
         if rows.len() != lanes.len() {
             return Err(DbError::Unexpected("kafka_produce_begin_v1 answered another count of windows".into()).into());
         }
+        // A transaction's batch comes from its producer's current session,
+        // inside an open transaction (AddPartitionsToTxn opened it).
+        let (txn_id, open): (Option<String>, bool) = txn_state.map_or((None, false), |r| (r.get(0), r.get::<_, i16>(1) == 1));
+        let refusal = match (transactional, txn) {
+            (false, _) => 0,
+            (true, Some(t)) if txn_id.as_deref() == Some(t) => if open { 0 } else { INVALID_TXN_STATE },
+            (true, _) => INVALID_PRODUCER_ID_MAPPING,
+        };
         let verdicts: Vec<Verdict> = lanes
             .iter()
             .zip(&rows)
@@ -155,7 +172,10 @@ pub async fn produce(state: &AppState, subject: Option<&str>, lanes: &[Lane<'_>]
                     let (f, l, o): (Vec<i32>, Vec<i32>, Vec<i64>) = (row.get("o_firsts"), row.get("o_lasts"), row.get("o_offsets"));
                     Window { epoch, batches: f.into_iter().zip(l).zip(o).map(|((f, l), o)| (f, l, o)).collect() }
                 });
-                verdict(row.get("o_epoch"), window.as_ref(), lane.batch)
+                match verdict(row.get("o_epoch"), window.as_ref(), lane.batch) {
+                    Verdict::Write if refusal != 0 => Verdict::Refuse(refusal),
+                    v => v,
+                }
             })
             .collect();
         let writes: Vec<usize> = (0..lanes.len()).filter(|&i| verdicts[i] == Verdict::Write).collect();
@@ -175,7 +195,18 @@ pub async fn produce(state: &AppState, subject: Option<&str>, lanes: &[Lane<'_>]
             .collect();
         let mut firsts: Vec<Option<i64>> = vec![None; lanes.len()];
         let mut pushed = Vec::new();
-        if !items.is_empty() {
+        if !items.is_empty() && transactional {
+            // Staged as the segments they become; their offsets are given
+            // at commit, so the answer and the window say -1.
+            let staged = stage(&client, &state.coalescer, &items, subject).await?;
+            let queues: Vec<&str> = staged.iter().map(|s| s.queue.as_str()).collect();
+            let partitions: Vec<&str> = staged.iter().map(|s| s.partition.as_str()).collect();
+            let counts: Vec<i32> = staged.iter().map(|s| s.hashes.len() as i32).collect();
+            let hashes: Vec<i64> = staged.iter().flat_map(|s| s.hashes.iter().copied()).collect();
+            let blobs: Vec<&[u8]> = staged.iter().map(|s| s.blob.as_slice()).collect();
+            client.execute(&stage_sql, &[&producer, &queues, &partitions, &counts, &hashes, &blobs]).await?;
+            writes.iter().for_each(|&i| firsts[i] = Some(-1));
+        } else if !items.is_empty() {
             // The records' ids are minted here: from the tails read under
             // the producer's lock, the segments skip the dedup check.
             let tails: Vec<((&str, &str), (i64, i64))> = writes
@@ -250,7 +281,7 @@ mod tests {
     use super::*;
 
     fn b(first: i32, count: i32) -> Sequenced {
-        Sequenced { producer_id: 7, epoch: 0, first, count }
+        Sequenced { producer_id: 7, epoch: 0, first, count, transactional: false }
     }
 
     /// The window `batches` leave, as 0036's record function keeps it.

@@ -32,6 +32,7 @@ mod produce;
 pub mod records;
 pub mod sasl;
 mod topics;
+pub mod transactions;
 mod versions;
 
 use std::sync::Arc;
@@ -53,6 +54,8 @@ const FRAME_BUDGET_KIB: usize = 1 << 20;
 /// How often idle producers are looked for, and most deleted a tick.
 const PRODUCER_EXPIRY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 const PRODUCER_EXPIRY_BATCH: i32 = 1_000;
+/// How often transactions open past their timeout are looked for.
+const TXN_TIMEOUT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What every connection shares: the broker's state, this node's advertised
 /// address, and the group coordinator.
@@ -143,6 +146,11 @@ pub async fn spawn(state: AppState, listener: Listener, shutdown: broadcast::Sen
     crate::maintenance::spawn_service("kafka_producer_expiry", PRODUCER_EXPIRY_EVERY, shutdown.subscribe(), move || {
         let pool = pool.clone();
         async move { idempotence::expire(&pool, idle, PRODUCER_EXPIRY_BATCH).await }
+    });
+    let pool = state.pool.clone();
+    crate::maintenance::spawn_service("kafka_txn_timeout", TXN_TIMEOUT_EVERY, shutdown.subscribe(), move || {
+        let pool = pool.clone();
+        async move { transactions::expire(&pool, PRODUCER_EXPIRY_BATCH).await }
     });
     let nodes = nodes::Nodes::alone(host, port);
     nodes.start(state.pool.clone(), shutdown.subscribe()).await;
@@ -426,9 +434,17 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
             let mut a = InitProducerIdResponse::default();
             a.producer_id = ProducerId(-1);
             a.producer_epoch = -1;
-            if r.transactional_id.is_some() {
-                // Transactions are issue 48: a transactional producer is told now, not mid-transaction.
-                a.error_code = INVALID_REQUEST;
+            if let Some(txn) = r.transactional_id.as_ref().filter(|t| !t.0.is_empty()) {
+                match transactions::init(&kafka.state.pool, &txn.0, r.transaction_timeout_ms).await {
+                    Ok((id, epoch)) => {
+                        a.producer_id = ProducerId(id);
+                        a.producer_epoch = epoch;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kafka init transactional producer failed");
+                        a.error_code = COORDINATOR_NOT_AVAILABLE;
+                    }
+                }
             } else {
                 // KIP-360: a producer that names its id and epoch asks for the next epoch.
                 let bump = (r.producer_id.0 >= 0 && r.producer_epoch >= 0).then_some((r.producer_id.0, r.producer_epoch));
@@ -445,6 +461,22 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
                 }
             }
             req.answer(&a)
+        }
+        ApiKey::AddPartitionsToTxn => {
+            let r = decode!(AddPartitionsToTxnRequest);
+            req.answer(&transactions::add_partitions(kafka, &r).await)
+        }
+        ApiKey::AddOffsetsToTxn => {
+            let r = decode!(AddOffsetsToTxnRequest);
+            req.answer(&transactions::add_offsets(kafka, &r).await)
+        }
+        ApiKey::TxnOffsetCommit => {
+            let r = decode!(TxnOffsetCommitRequest);
+            req.answer(&transactions::offset_commit(kafka, &r).await)
+        }
+        ApiKey::EndTxn => {
+            let r = decode!(EndTxnRequest);
+            req.answer(&transactions::end(kafka, &r).await)
         }
         ApiKey::DescribeCluster => {
             let live = kafka.nodes.live();

@@ -116,15 +116,32 @@ impl Nodes {
         let kept = registered
             && client.execute("UPDATE queen.kafka_nodes SET heartbeat_at = now() WHERE node_id = $1", &[&me.id]).await? == 1;
         if !kept {
+            // A node that advertised this very address is this broker in an
+            // earlier life (killed before it could leave): its id is taken
+            // over, as a Kafka broker restarts under its broker.id. A new id
+            // would make clients see the old one vanish from Metadata with
+            // their coordinators on it, which librdkafka handles badly (a
+            // transactional producer's send_offsets_to_transaction can hang).
             let id: i32 = client
                 .query_one(
-                    "INSERT INTO queen.kafka_nodes (host, port, heartbeat_at) VALUES ($1, $2, now()) RETURNING node_id",
+                    "WITH mine AS (
+                         UPDATE queen.kafka_nodes SET heartbeat_at = now()
+                         WHERE node_id = (SELECT min(node_id) FROM queen.kafka_nodes WHERE host = $1 AND port = $2)
+                         RETURNING node_id),
+                     made AS (
+                         INSERT INTO queen.kafka_nodes (host, port, heartbeat_at)
+                         SELECT $1, $2, now() WHERE NOT EXISTS (SELECT 1 FROM mine)
+                         RETURNING node_id)
+                     SELECT node_id FROM mine UNION ALL SELECT node_id FROM made",
                     &[&me.host, &me.port],
                 )
                 .await?
                 .get(0);
             self.me.write().expect("nodes lock").id = id;
             tracing::info!(node = id, host = %me.host, port = me.port, "kafka node registered");
+            client
+                .execute("DELETE FROM queen.kafka_nodes WHERE host = $1 AND port = $2 AND node_id <> $3", &[&me.host, &me.port, &id])
+                .await?;
             client.execute("DELETE FROM queen.kafka_nodes WHERE heartbeat_at < now() - interval '1 day'", &[]).await?;
         }
         let me = self.me();

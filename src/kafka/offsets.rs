@@ -99,18 +99,8 @@ async fn write(pool: &Pool, group: &str, wanted: &[(usize, i32, String, String, 
     let cursors: Vec<i64> = wanted.iter().map(|w| w.4).collect();
     let rows = client
         .query(
-            "WITH x AS (SELECT * FROM unnest($2::text[], $3::text[], $4::int8[]) WITH ORDINALITY AS x (queue, partition, cursor, i)),
-                  w AS (INSERT INTO queen.consumers AS c (partition_id, consumer_group, committed, last_consumed_at)
-                        SELECT p.id, $1, LEAST(x.cursor, p.last_offset), now()
-                        FROM x JOIN queen.queues q ON q.name = x.queue
-                        JOIN queen.partitions p ON p.queue_id = q.id AND p.name = x.partition
-                        ON CONFLICT (partition_id, consumer_group) DO UPDATE
-                            SET committed = EXCLUDED.committed, last_consumed_at = EXCLUDED.last_consumed_at
-                        RETURNING c.partition_id)
-             SELECT x.i FROM x
-             WHERE x.cursor >= 0 AND NOT EXISTS (
-                 SELECT 1 FROM queen.queues q JOIN queen.partitions p ON p.queue_id = q.id AND p.name = x.partition
-                 WHERE q.name = x.queue)",
+            // The one home of the rule (0037_kafka_transactions.sql): a transaction's commit applies its offsets with it too.
+            "SELECT * FROM queen.kafka_commit_offsets_v1($1, $2, $3, $4)",
             &[&group, &queues, &partitions, &cursors],
         )
         .await?;

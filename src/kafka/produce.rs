@@ -87,7 +87,8 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
                     idempotence::Lane { queue: req.topic_data[l.topic].name.0.as_str(), partition: &l.partition, batch, payloads: &l.payloads }
                 })
                 .collect();
-            let written = idempotence::produce(&kafka.state, producer, &batches).await;
+            let txn = req.transactional_id.as_ref().map(|t| t.0.as_str());
+            let written = idempotence::produce(&kafka.state, producer, txn, &batches).await;
             (mine, written)
         }
     }));
@@ -194,16 +195,18 @@ fn stored_payloads(records: &[u8], out: &mut Vec<String>) -> (i16, Option<Sequen
             return (CORRUPT_MESSAGE, None);
         }
     };
-    if batches.iter().any(|b| b.transactional) {
-        // No transaction coordinator yet (issue 48): InitProducerId refuses
-        // transactional ids, so such a batch is a client out of step.
-        return (INVALID_RECORD, None);
-    }
-    // An idempotent producer sends one batch per partition and request.
+    // An idempotent producer sends one batch per partition and request; a
+    // transactional one's batch is staged until its EndTxn (`transactions`).
     let sequenced = match batches.as_slice() {
-        [b] if b.producer_id >= 0 && b.base_sequence >= 0 => {
-            Some(Sequenced { producer_id: b.producer_id, epoch: b.producer_epoch, first: b.base_sequence, count: b.records.len() as i32 })
-        }
+        [b] if b.producer_id >= 0 && b.base_sequence >= 0 => Some(Sequenced {
+            producer_id: b.producer_id,
+            epoch: b.producer_epoch,
+            first: b.base_sequence,
+            count: b.records.len() as i32,
+            transactional: b.transactional,
+        }),
+        // A transactional batch without its producer's sequence is a client out of step.
+        _ if batches.iter().any(|b| b.transactional) => return (INVALID_RECORD, None),
         _ => None,
     };
     for b in batches.iter().filter(|b| !b.control) {
