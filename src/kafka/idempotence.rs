@@ -21,15 +21,13 @@
 //! batch opens a window whatever its sequence, as Kafka's own brokers do
 //! once a producer's state is gone.
 
-use std::borrow::Cow;
-
 use deadpool_postgres::Pool;
 
 use super::codes::*;
 use crate::ack::transaction::{push_in_at, stage, TxnError};
 use crate::db::DbError;
 use crate::http::AppState;
-use crate::push::{Outcome, PushItem};
+use super::produce::{first_offsets, push_items};
 
 /// Batches remembered per window: Kafka's `max.in.flight` for idempotence
 /// (the functions of 0036 keep the same five).
@@ -147,8 +145,14 @@ pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>,
     // prepared first, so each pipelined pair leaves in order.
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&producer, &epoch, &queues, &partitions];
     let one: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&producer];
-    let (begun, rows, txn_state) =
-        tokio::join!(client.batch_execute("BEGIN"), client.query(&begin, &params), client.query_opt(&state_of, &one));
+    // The producer's transaction state only matters to a transactional batch.
+    let txn_state = async {
+        match transactional {
+            true => client.query_opt(&state_of, &one).await,
+            false => Ok(None),
+        }
+    };
+    let (begun, rows, txn_state) = tokio::join!(client.batch_execute("BEGIN"), client.query(&begin, &params), txn_state);
     let written = async {
         begun?;
         let rows = rows?;
@@ -179,20 +183,7 @@ pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>,
             })
             .collect();
         let writes: Vec<usize> = (0..lanes.len()).filter(|&i| verdicts[i] == Verdict::Write).collect();
-        let items: Vec<PushItem> = writes
-            .iter()
-            .flat_map(|&i| {
-                let l = &lanes[i];
-                l.payloads.iter().map(move |payload| PushItem {
-                    queue: Cow::Borrowed(l.queue),
-                    partition: Cow::Borrowed(l.partition),
-                    transaction_id: None,
-                    trace_id: None,
-                    payload,
-                    message_id: None,
-                })
-            })
-            .collect();
+        let items = push_items(writes.iter().map(|&i| (lanes[i].queue, lanes[i].partition, lanes[i].payloads)));
         let mut firsts: Vec<Option<i64>> = vec![None; lanes.len()];
         let mut pushed = Vec::new();
         if !items.is_empty() && transactional {
@@ -220,11 +211,8 @@ pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>,
             let written = push_in_at(&client, &state.coalescer, &items, subject, &tails)
                 .await?
                 .map_err(|dup| DbError::Unexpected(format!("a minted transactionId was found again: {dup}")))?;
-            let mut at = 0;
-            for &i in &writes {
-                let mine = &written.outcomes[at..at + lanes[i].payloads.len()];
-                at += lanes[i].payloads.len();
-                firsts[i] = mine.iter().filter_map(|o| if let Outcome::Queued { offset, .. } = o { Some(*offset) } else { None }).min();
+            for (&i, first) in writes.iter().zip(first_offsets(written.outcomes.iter(), writes.iter().map(|&i| lanes[i].payloads.len()))) {
+                firsts[i] = first;
             }
             pushed = written.pushed;
         }

@@ -144,21 +144,10 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
 /// one's first offset or error code, by lane index.
 async fn write_plain(kafka: &Kafka, req: &ProduceRequest, lanes: &[Lane], producer: Option<&str>) -> Vec<(usize, Result<i64, i16>)> {
     let plain: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i].error == 0 && lanes[i].sequenced.is_none()).collect();
-    let items: Vec<PushItem> = plain
-        .iter()
-        .flat_map(|&i| {
-            let l = &lanes[i];
-            let queue = req.topic_data[l.topic].name.0.as_str();
-            l.payloads.iter().map(move |payload| PushItem {
-                queue: Cow::Borrowed(queue),
-                partition: Cow::Borrowed(l.partition.as_str()),
-                transaction_id: None,
-                trace_id: None,
-                payload,
-                message_id: None,
-            })
-        })
-        .collect();
+    let items = push_items(plain.iter().map(|&i| {
+        let l = &lanes[i];
+        (req.topic_data[l.topic].name.0.as_str(), l.partition.as_str(), l.payloads.as_slice())
+    }));
     if items.is_empty() {
         // Batches of control records only: nothing to write.
         return plain.into_iter().map(|i| (i, Ok(-1))).collect();
@@ -166,22 +155,41 @@ async fn write_plain(kafka: &Kafka, req: &ProduceRequest, lanes: &[Lane], produc
     match push::push_items(&kafka.state.coalescer, &items, producer).await {
         Ok(results) => {
             kafka.state.committed_results(&results);
-            let mut at = 0;
-            plain
-                .into_iter()
-                .map(|i| {
-                    let mine = &results[at..at + lanes[i].payloads.len()];
-                    at += lanes[i].payloads.len();
-                    let first = mine.iter().filter_map(|r| if let Outcome::Queued { offset, .. } = r.outcome { Some(offset) } else { None }).min();
-                    (i, Ok(first.unwrap_or(-1)))
-                })
-                .collect()
+            let firsts = first_offsets(results.iter().map(|r| &r.outcome), plain.iter().map(|&i| lanes[i].payloads.len()));
+            plain.into_iter().zip(firsts).map(|(i, first)| (i, Ok(first.unwrap_or(-1)))).collect()
         }
         Err(e) => {
             tracing::warn!(error = %e, "kafka produce failed; the producer retries");
             plain.into_iter().map(|i| (i, Err(KAFKA_STORAGE_ERROR))).collect()
         }
     }
+}
+
+/// The push items of lanes given as (queue, partition, stored payloads),
+/// lane after lane; the broker mints every id.
+pub(super) fn push_items<'a>(lanes: impl Iterator<Item = (&'a str, &'a str, &'a [String])>) -> Vec<PushItem<'a>> {
+    lanes
+        .flat_map(|(queue, partition, payloads)| {
+            payloads.iter().map(move |payload| PushItem {
+                queue: Cow::Borrowed(queue),
+                partition: Cow::Borrowed(partition),
+                transaction_id: None,
+                trace_id: None,
+                payload,
+                message_id: None,
+            })
+        })
+        .collect()
+}
+
+/// The first offset written of each lane, from the outcomes of
+/// [`push_items`]' items in order and each lane's record count (`None`:
+/// none of its records was written).
+pub(super) fn first_offsets<'o>(outcomes: impl Iterator<Item = &'o Outcome>, counts: impl Iterator<Item = usize>) -> Vec<Option<i64>> {
+    let mut outcomes = outcomes;
+    counts
+        .map(|n| outcomes.by_ref().take(n).filter_map(|o| if let Outcome::Queued { offset, .. } = o { Some(*offset) } else { None }).min())
+        .collect()
 }
 
 /// Decodes a partition's batches into stored payloads; answers the error
