@@ -277,6 +277,9 @@ pub struct KafkaConfig {
     /// An idempotent producer idle this long is forgotten with its
     /// sequence windows (Kafka's `producer.id.expiration.ms`).
     pub producer_expiry: Duration,
+    /// A transactional id idle this long is forgotten with its epoch
+    /// (Kafka's `transactional.id.expiration.ms`).
+    pub transactional_id_expiry: Duration,
 }
 
 /// KV's settings (`QUEEN_KV_*`).
@@ -616,6 +619,7 @@ impl Config {
                 max_frame: env.parse(&["QUEEN_KAFKA_MAX_FRAME"], 100usize << 20, "a byte count from 65536 to 1073741824", |v| (65_536..=1 << 30).contains(v))?,
                 group_initial_delay: ms(&["QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS"], 0, 0)?,
                 producer_expiry: ms(&["QUEEN_KAFKA_PRODUCER_ID_EXPIRATION_MS"], 86_400_000, 1_000)?,
+                transactional_id_expiry: ms(&["QUEEN_KAFKA_TRANSACTIONAL_ID_EXPIRATION_MS"], 604_800_000, 1_000)?,
                 tls: match (env.get(&["QUEEN_KAFKA_TLS_CERT"]), env.get(&["QUEEN_KAFKA_TLS_KEY"])) {
                     (Some((_, cert)), Some((_, key))) => Some((PathBuf::from(cert), PathBuf::from(key))),
                     (None, None) => None,
@@ -676,6 +680,7 @@ impl Config {
         ("QUEEN_KAFKA_TLS_KEY", "", "PEM private key of QUEEN_KAFKA_TLS_CERT"),
         ("QUEEN_KAFKA_GROUP_INITIAL_DELAY_MS", "0", "ms the first rebalance of an empty consumer group waits for more members to join"),
         ("QUEEN_KAFKA_PRODUCER_ID_EXPIRATION_MS", "86400000", "ms after which an idle idempotent producer's id and sequence windows are forgotten (Kafka's producer.id.expiration.ms); its next batch is then taken as it comes"),
+        ("QUEEN_KAFKA_TRANSACTIONAL_ID_EXPIRATION_MS", "604800000", "ms after which an idle transactional id is forgotten with its epoch (Kafka's transactional.id.expiration.ms); never one inside a transaction"),
         ("QUEEN_PEER_HINTS", "true", "tell the other brokers on the database which partitions this one wrote (LISTEN/NOTIFY on one connection), so their long-polls wake at once; false: they wake at their next backoff"),
         ("QUEEN_EPHEMERAL_ENABLED", "true", "serve ephemeral (in-memory) queues; false answers their routes 503 ephemeral_disabled"),
         ("QUEEN_EPHEMERAL_MAX_MB", "256", "memory all ephemeral queues together may hold (payloads plus 96 bytes a message, and their bookkeeping: about 200 bytes a partition, 130 a group, 160 a cursor a group holds); a push past it answers 503 ephemeral_memory_full"),

@@ -317,3 +317,34 @@ async fn a_failed_statement_reads_as_the_servers_message() {
     let e = b.sql().await.query("SELECT 1 / 0", &[]).await.unwrap_err();
     assert_eq!(queen::db::DbError::from(e).to_string(), "postgres: ERROR 22012: division by zero");
 }
+
+/// The Kafka producer expiry (migrations/0038): an idle idempotent producer
+/// goes after its idleness with its windows, a transactional id only after
+/// the longer one, and never one inside an open transaction.
+#[tokio::test]
+async fn kafka_producer_expiry_keeps_transactional_ids_longer_and_never_an_open_transaction() {
+    let b = Broker::start().await;
+    let sql = b.sql().await;
+    sql.batch_execute(
+        "INSERT INTO queen.kafka_producers (producer_id, epoch, transactional_id, txn_state, touched_at) VALUES
+             (1, 0, NULL, 0, now() - interval '2 days'),
+             (2, 0, 'weekend', 0, now() - interval '2 days'),
+             (3, 0, 'gone', 0, now() - interval '8 days'),
+             (4, 0, 'open', 1, now() - interval '8 days'),
+             (5, 0, NULL, 0, now());
+         INSERT INTO queen.kafka_producer_windows VALUES (1, 'q', '0', 0, '{0}', '{9}', '{0}'), (5, 'q', '0', 0, '{0}', '{9}', '{0}');",
+    )
+    .await
+    .unwrap();
+    let day = 86_400i64;
+    let gone: i64 = sql.query_one("SELECT queen.kafka_producers_expire_v2($1, $2, 1000)", &[&day, &(7 * day)]).await.unwrap().get(0);
+    assert_eq!(gone, 2);
+    let left: Vec<i64> = sql.query("SELECT producer_id FROM queen.kafka_producers ORDER BY 1", &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(left, vec![2, 4, 5]);
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.kafka_producer_windows WHERE producer_id = 1").await, 0, "its windows went with it");
+    // A batch bounds one call.
+    sql.batch_execute("UPDATE queen.kafka_producers SET touched_at = now() - interval '9 days', txn_state = 0").await.unwrap();
+    let gone: i64 = sql.query_one("SELECT queen.kafka_producers_expire_v2($1, $2, 2)", &[&day, &(7 * day)]).await.unwrap().get(0);
+    assert_eq!(gone, 2);
+    assert_eq!(count(&b, "SELECT count(*) FROM queen.kafka_producers").await, 1);
+}

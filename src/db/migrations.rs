@@ -71,6 +71,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(35, "0035_claim_reports_the_tail.sql"),
     migration!(36, "0036_kafka_producers.sql"),
     migration!(37, "0037_kafka_transactions.sql"),
+    migration!(38, "0038_kafka_transactional_id_expiry.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -200,10 +201,11 @@ mod tests {
         // 0023_lock_subjects.sql keeps the subject-less lock functions,
         // 0024_sealed_timers.sql the schedule that cannot seal,
         // 0028_ack_handover.sql the plain ack without the handover,
-        // 0030_reseed_window.sql the reseed of whole queues).
+        // 0030_reseed_window.sql the reseed of whole queues, 0038 the
+        // producer expiry with one idleness).
         live.extend(
             ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1",
-             "hotlist_seed_many_v1"]
+             "hotlist_seed_many_v1", "kafka_producers_expire_v1"]
                 .map(String::from),
         );
         let mut i = 0;

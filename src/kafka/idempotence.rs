@@ -37,7 +37,7 @@ const REMEMBERED: usize = 5;
 const INIT_SQL: &str = "SELECT o_producer, o_epoch FROM queen.kafka_init_producer_v1($1, $2)";
 const BEGIN_SQL: &str = "SELECT * FROM queen.kafka_produce_begin_v1($1, $2, $3, $4)";
 const RECORD_SQL: &str = "SELECT queen.kafka_produce_record_v1($1, $2, $3, $4, $5, $6, $7)";
-const EXPIRE_SQL: &str = "SELECT queen.kafka_producers_expire_v1($1, $2)";
+const EXPIRE_SQL: &str = "SELECT queen.kafka_producers_expire_v2($1, $2, $3)";
 const TXN_STATE_SQL: &str = "SELECT transactional_id, txn_state FROM queen.kafka_producers WHERE producer_id = $1";
 const STAGE_SQL: &str = "SELECT queen.kafka_txn_stage_v1($1, $2, $3, $4, $5, $6)";
 
@@ -252,12 +252,15 @@ pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>,
         .collect())
 }
 
-/// The producer-expiry pass: deletes up to `batch` producers idle for
-/// `idle` with their windows; `Ok(true)` when the batch was full.
-pub async fn expire(pool: &Pool, idle: std::time::Duration, batch: i32) -> Result<bool, DbError> {
+/// The producer-expiry pass: deletes up to `batch` producers with their
+/// windows, idempotent ones idle for `idle`, transactional ids idle for
+/// `txn_idle` (never one inside a transaction); `Ok(true)` when the batch
+/// was full.
+pub async fn expire(pool: &Pool, idle: std::time::Duration, txn_idle: std::time::Duration, batch: i32) -> Result<bool, DbError> {
     let client = pool.get().await?;
     let stmt = client.prepare_cached(EXPIRE_SQL).await?;
-    let gone: i64 = client.query_one(&stmt, &[&(idle.as_secs() as i64), &batch]).await?.get(0);
+    let (idle, txn_idle) = (idle.as_secs() as i64, txn_idle.as_secs() as i64);
+    let gone: i64 = client.query_one(&stmt, &[&idle, &txn_idle, &batch]).await?.get(0);
     if gone > 0 {
         tracing::debug!(producers = gone, "expired idle kafka producers");
     }

@@ -142,10 +142,10 @@ pub async fn spawn(state: AppState, listener: Listener, shutdown: broadcast::Sen
     let advertised = format!("{host}:{port}");
     let groups = groups::Coordinator::new(cfg.group_initial_delay);
     groups.spawn_expiry(shutdown.subscribe());
-    let (pool, idle) = (state.pool.clone(), cfg.producer_expiry);
+    let (pool, idle, txn_idle) = (state.pool.clone(), cfg.producer_expiry, cfg.transactional_id_expiry);
     crate::maintenance::spawn_service("kafka_producer_expiry", PRODUCER_EXPIRY_EVERY, shutdown.subscribe(), move || {
         let pool = pool.clone();
-        async move { idempotence::expire(&pool, idle, PRODUCER_EXPIRY_BATCH).await }
+        async move { idempotence::expire(&pool, idle, txn_idle, PRODUCER_EXPIRY_BATCH).await }
     });
     let pool = state.pool.clone();
     crate::maintenance::spawn_service("kafka_txn_timeout", TXN_TIMEOUT_EVERY, shutdown.subscribe(), move || {
