@@ -55,6 +55,11 @@ def main():
     recorded.append({"method": "GET", "path": "/api/v1/openapi.json", "query": None, "request": None, "status": 200,
                      "response": {"openapi": "3.1.0", "info": {"title": "Queen", "version": "0.1.0"}, "paths": {"/health": {"get": {"summary": "..."}}}}})
     call("GET", "/health")
+    call("GET", "/auth/me")
+    # JWT off: a redirect to the dashboard, which urllib would follow.
+    recorded.append({"method": "GET", "path": "/auth/login", "query": None, "request": None, "status": 303,
+                     "response": "(303 to /: no body)"})
+    call("POST", "/auth/logout")
     call("GET", "/metrics")
     recorded.append({"method": "GET", "path": "/metrics/prometheus", "query": None, "request": None, "status": 200,
                      "response": "# TYPE queen_messages_pushed_total counter\nqueen_messages_pushed_total{queue=\"orders\"} 2\n"})

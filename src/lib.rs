@@ -41,4 +41,5 @@ pub mod reads;
 pub mod registry;
 pub mod streams;
 pub mod telemetry;
+pub mod tenancy;
 pub mod timers;

@@ -239,3 +239,45 @@ async fn metrics_need_a_reader_when_metrics_public_is_off() {
     let open = jwt_broker(&[]).await;
     assert_eq!(call(&open, "GET", "/metrics/prometheus", None).await.0, 200, "public by default, as upstream");
 }
+
+/// The identity routes (issue 49): `/auth/me` names the token's caller, or
+/// answers 401 `auth_required`; without JWT, upstream's standalone admin.
+/// `/auth/login` and `/auth/logout` are public and keep nothing.
+#[tokio::test]
+async fn auth_me_names_the_caller_and_login_and_logout_are_public() {
+    let b = jwt_broker(&[]).await;
+    let (status, body) = call(&b, "GET", "/auth/me", None).await;
+    assert_eq!((status, body), (401, json!({"error": "auth_required", "code": "auth_required"})));
+    let (status, body) = call(&b, "GET", "/auth/me", Some("not-a-token")).await;
+    assert_eq!((status, &body["code"]), (401, &json!("auth_required")));
+    assert!(body["detail"].as_str().unwrap().starts_with("Invalid token"), "{body}");
+    let t = hs256(json!({"sub": "alice", "roles": ["read-only", "write-only"], "email": "a@example.org", "exp": now() + 300}));
+    let (status, me) = call(&b, "GET", "/auth/me", Some(&t)).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["user_id"], "alice");
+    assert_eq!(me["subject"], "alice");
+    assert_eq!(me["email"], "a@example.org");
+    assert_eq!(me["roles"], json!(["read-only", "write-only"]));
+    assert_eq!(me["role"], "read-only", "the highest level the roles reach");
+    assert_eq!(me["tenant"], "00000000-0000-0000-0000-000000000001");
+    assert_eq!(me["standalone"], false);
+    assert_eq!(me["is_operator"], false);
+    let (_, admin) = call(&b, "GET", "/auth/me", Some(&token("admin", "root"))).await;
+    assert_eq!((&admin["role"], &admin["clusters"][0]["role"], &admin["is_operator"]), (&json!("admin"), &json!("admin"), &json!(true)));
+    let expired = hs256(json!({"sub": "late", "role": "admin", "exp": now() - 3600}));
+    assert_eq!(call(&b, "GET", "/auth/me", Some(&expired)).await.0, 401);
+    // Login explains where sign-in happens; logout ends nothing, for anyone.
+    let page = b.http.get(format!("{}/auth/login", b.url)).send().await.unwrap();
+    assert_eq!(page.status().as_u16(), 200);
+    assert!(page.text().await.unwrap().contains("Authorization: Bearer"));
+    assert_eq!(call(&b, "POST", "/auth/logout", None).await, (200, json!({"ok": true})));
+
+    let open = Broker::start().await;
+    let (status, me) = open.get("/auth/me").await;
+    assert_eq!(status, 200);
+    assert_eq!((&me["user_id"], &me["role"], &me["standalone"], &me["subject"]), (&json!("standalone"), &json!("admin"), &json!(true), &Value::Null));
+    assert_eq!(me["clusters"][0]["tenant_id"], "00000000-0000-0000-0000-000000000001");
+    let no_redirects = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = no_redirects.get(format!("{}/auth/login", open.url)).send().await.unwrap();
+    assert_eq!((r.status().as_u16(), r.headers()["location"].to_str().unwrap()), (303, "/"));
+}

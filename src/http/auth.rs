@@ -74,7 +74,10 @@ pub fn level(method: &Method, path: &str) -> Level {
     let get = method == Method::GET || method == Method::HEAD;
     let post = method == Method::POST;
     let delete = method == Method::DELETE;
-    if matches!(path, "/health" | "/metrics" | "/metrics/prometheus" | "/" | "/api/v1/openapi.json") || path.starts_with("/dashboard/") {
+    // The identity routes check the token themselves (`http::identity`).
+    if matches!(path, "/health" | "/metrics" | "/metrics/prometheus" | "/" | "/api/v1/openapi.json" | "/auth/me" | "/auth/login" | "/auth/logout")
+        || path.starts_with("/dashboard/")
+    {
         return Level::Public;
     }
     if path.starts_with("/api/v1/system/")
@@ -179,14 +182,28 @@ fn roles_of(claims: &Value, cfg: &AuthConfig) -> HashSet<String> {
 /// or why the token is refused. HTTP's bearer tokens and the Kafka
 /// listener's SASL PLAIN passwords both come here.
 pub fn principal(token: &str, cfg: &AuthConfig) -> Result<Principal, String> {
-    let claims = verify(token, cfg)?;
-    let roles = roles_of(&claims, cfg);
+    principal_of(&verify(token, cfg)?, cfg)
+}
+
+/// The principal of verified `claims`.
+fn principal_of(claims: &Value, cfg: &AuthConfig) -> Result<Principal, String> {
+    let roles = roles_of(claims, cfg);
     let granted = [Level::Public, Level::ReadOnly, Level::WriteOnly, Level::ReadWrite, Level::Admin].map(|l| allows(&roles, cfg, l));
     let sub = claims.get("sub").and_then(Value::as_str).map(str::to_string);
     if sub.as_ref().is_some_and(|s| s.len() > MAX_SUB_BYTES) {
         return Err(format!("Invalid token: sub is longer than {MAX_SUB_BYTES} bytes"));
     }
     Ok(Principal { sub, granted })
+}
+
+/// The caller a token names, as `GET /auth/me` shows it: the principal,
+/// the roles its token lists, and its `email` claim.
+pub fn identity(token: &str, cfg: &AuthConfig) -> Result<(Principal, Vec<String>, Option<String>), String> {
+    let claims = verify(token, cfg)?;
+    let principal = principal_of(&claims, cfg)?;
+    let mut roles: Vec<String> = roles_of(&claims, cfg).into_iter().collect();
+    roles.sort();
+    Ok((principal, roles, claims.get("email").and_then(Value::as_str).map(str::to_string)))
 }
 
 /// Lets public and skipped paths through and checks the rest's token,
@@ -233,6 +250,8 @@ mod tests {
         use Level::*;
         let cases = [
             (Method::GET, "/health", Public),
+            (Method::GET, "/auth/me", Public),
+            (Method::POST, "/auth/logout", Public),
             (Method::GET, "/metrics/prometheus", Public),
             (Method::POST, "/api/v1/push", WriteOnly),
             (Method::GET, "/api/v1/pop/queue/q", ReadWrite),

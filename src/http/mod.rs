@@ -10,6 +10,7 @@ pub mod body;
 pub mod ephemeral;
 pub mod error;
 pub mod health;
+pub mod identity;
 pub mod kv;
 pub mod limits;
 pub mod locks;
@@ -198,6 +199,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::json))
         .route("/metrics/prometheus", get(metrics::prometheus))
+        .route("/auth/me", get(identity::me))
+        .route("/auth/login", get(identity::login))
+        .route("/auth/logout", post(identity::logout))
         .route("/api/v1/push", post(push::push))
         .route("/api/v1/pop", get(pop::pop_discovery))
         .route("/api/v1/pop/queue/{queue}", get(pop::pop_queue))

@@ -206,6 +206,7 @@ def test_with_jwt_the_page_asks_for_a_token_and_a_read_only_role_sees_no_buttons
         wait_for(driver, lambda d: text_of(d, "#queue-name") == "q", "the queue page")
         saves = driver.find_elements("css selector", "form.options button")
         assert saves and not any(b.is_displayed() for b in saves), "no Save for a read-only role"
+        assert text_of(driver, "#whoami") == "viewer · read-only", "who is signed in, as /auth/me names them"
         shot(driver, "read-only")
     finally:
         driver.quit()

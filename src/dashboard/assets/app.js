@@ -54,17 +54,20 @@ function token() {
   return sessionStorage.getItem("queen-token");
 }
 
-function applyRole() {
-  const t = token();
-  let role = null;
-  if (t) {
-    try {
-      const claims = JSON.parse(atob(t.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
-      role = [].concat(claims.role || [], claims.roles || []).join(" ");
-    } catch (e) { role = null; }
-  }
-  document.body.classList.toggle("readonly", role !== null && /read-only|readonly/.test(role) && !/admin|read-write/.test(role));
-  document.body.classList.toggle("notadmin", role !== null && !/admin/.test(role));
+// Who the token names, as the broker reads it (GET /auth/me: the role
+// claims' names are the broker's configuration, so the page does not
+// decode the token itself), shown in the header; the role hides the
+// buttons the broker would refuse.
+async function applyRole() {
+  let me = null;
+  try {
+    const r = await fetch("/auth/me", { headers: token() ? { authorization: "Bearer " + token() } : {} });
+    if (r.ok) me = await r.json();
+  } catch (e) { me = null; }
+  const role = me && me.role;
+  document.body.classList.toggle("readonly", !!role && role !== "admin" && role !== "read-write");
+  document.body.classList.toggle("notadmin", !!role && role !== "admin");
+  document.getElementById("whoami").textContent = me && !me.standalone ? `${me.subject || "(no subject)"} · ${me.role}` : "";
 }
 
 async function api(method, path, body) {
@@ -431,10 +434,8 @@ document.getElementById("signin").addEventListener("click", () => {
   if (t) {
     sessionStorage.setItem("queen-token", t.trim());
     document.getElementById("signin").classList.add("hidden");
-    applyRole();
-    route();
+    applyRole().then(() => route());
   }
 });
 window.addEventListener("hashchange", () => route());
-applyRole();
-route();
+applyRole().then(() => route());
