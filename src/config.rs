@@ -119,6 +119,8 @@ pub struct AuthConfig {
     /// `METRICS_PUBLIC`: `/metrics` and `/metrics/prometheus` without a
     /// token (default, as upstream), or at read-only (false).
     pub metrics_public: bool,
+    /// `QUEEN_TENANT_CLAIM`: the claim that names the caller's tenant.
+    pub tenant_claim: Option<String>,
 }
 
 impl Default for AuthConfig {
@@ -138,6 +140,7 @@ impl Default for AuthConfig {
             role_read_write: "read-write".into(),
             role_read_only: "read-only".into(),
             role_write_only: "write-only".into(),
+            tenant_claim: None,
             metrics_public: true,
         }
     }
@@ -227,6 +230,7 @@ pub struct Config {
     pub file_buffer_dir: PathBuf,
     pub file_buffer_flush: Duration,
     pub auth: AuthConfig,
+    pub tenancy: TenancyConfig,
     pub limits: Limits,
     /// Encryption at rest: None without `QUEEN_ENCRYPTION_KEY`.
     pub encryption: Option<EncryptionKeys>,
@@ -432,7 +436,11 @@ fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig
         role_read_only: env.string(&["JWT_ROLE_READ_ONLY"], &d.role_read_only),
         role_write_only: env.string(&["JWT_ROLE_WRITE_ONLY"], &d.role_write_only),
         metrics_public: env.boolean(&["METRICS_PUBLIC"], true)?,
+        tenant_claim: env.get(&["QUEEN_TENANT_CLAIM"]).map(|(_, v)| v.trim().to_string()).filter(|v| !v.is_empty()),
     };
+    if let (false, Some(claim)) = (cfg.enabled, &cfg.tenant_claim) {
+        return Err(ConfigError { var: "QUEEN_TENANT_CLAIM", value: claim.clone(), expected: "JWT_ENABLED=true: the claim is read from verified tokens".into() });
+    }
     if cfg.enabled {
         let hmac = matches!(cfg.algorithm, Some(HS256 | HS384 | HS512));
         let public = matches!(cfg.algorithm, Some(RS256 | RS384 | RS512 | EdDSA));
@@ -445,6 +453,30 @@ fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig
         if cfg.algorithm.is_none() && cfg.secret.is_none() && cfg.public_key.is_none() {
             return Err(ConfigError { var: "JWT_ALGORITHM", value: "auto".into(), expected: "JWT_SECRET or JWT_PUBLIC_KEY to verify with".into() });
         }
+    }
+    Ok(cfg)
+}
+
+/// How a request's tenant is chosen (`tenancy`, issue 49).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TenancyConfig {
+    /// `QUEEN_TENANCY_HEADER`: honour `x-queen-tenant`. (The JWT claim
+    /// that may name the tenant instead is `AuthConfig::tenant_claim`: the
+    /// token's verification reads it.)
+    pub header: bool,
+}
+
+fn tenancy_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<TenancyConfig, ConfigError> {
+    let cfg = TenancyConfig {
+        header: env.boolean(&["QUEEN_TENANCY_HEADER"], false)?,
+    };
+    // Anyone could name another tenant in a header no proxy rewrites.
+    if cfg.header && !env.boolean(&["QUEEN_TRUSTED_PROXY"], false)? {
+        return Err(ConfigError {
+            var: "QUEEN_TENANCY_HEADER",
+            value: "true".into(),
+            expected: "QUEEN_TRUSTED_PROXY=true as well: the x-queen-tenant header must come from a proxy that sets it and strips the client's copy".into(),
+        });
     }
     Ok(cfg)
 }
@@ -570,6 +602,7 @@ impl Config {
             file_buffer_dir,
             file_buffer_flush: ms(&["FILE_BUFFER_FLUSH_MS"], 100, 10)?,
             auth: auth_config(&env)?,
+            tenancy: tenancy_config(&env)?,
             encryption: encryption_keys(&env)?,
             stats_interval: env
                 .parse(&["STATS_INTERVAL_MS"], 10_000u64, "a whole number of milliseconds from 100 to 60000", |v| (100..=60_000).contains(v))
@@ -749,6 +782,9 @@ impl Config {
         ("JWT_ROLES_ARRAY_CLAIM", "roles", "claim holding a list of roles"),
         ("JWT_ROLE_ADMIN", "admin", "role name of the admin level (also JWT_ROLE_READ_WRITE, JWT_ROLE_READ_ONLY, JWT_ROLE_WRITE_ONLY)"),
         ("METRICS_PUBLIC", "true", "serve /metrics and /metrics/prometheus without a token; false: read-only (with JWT_ENABLED)"),
+        ("QUEEN_TENANCY_HEADER", "false", "take each request's tenant from the x-queen-tenant header (a UUID; absent: the default tenant); needs QUEEN_TRUSTED_PROXY"),
+        ("QUEEN_TRUSTED_PROXY", "false", "the broker is reached only through a proxy that sets x-queen-tenant and strips the client's copy"),
+        ("QUEEN_TENANT_CLAIM", "", "a JWT claim naming the caller's tenant (needs JWT_ENABLED); a header that disagrees is refused"),
     ];
 
     /// The variable table as Markdown, as docs/CONFIGURATION.md holds it:
@@ -882,6 +918,18 @@ mod tests {
         assert_eq!(c.encryption.unwrap().older, vec![[0x11; 32], [0x22; 32]]);
         assert_eq!(parse(&[("QUEEN_ENCRYPTION_KEY", hex), ("QUEEN_ENCRYPTION_KEYS", "abc")]).unwrap_err().var, "QUEEN_ENCRYPTION_KEYS");
         assert_eq!(parse(&[("QUEEN_ENCRYPTION_KEYS", &older)]).unwrap_err().var, "QUEEN_ENCRYPTION_KEYS", "older keys need a current one");
+    }
+
+    #[test]
+    fn tenancy_needs_a_trusted_proxy_and_its_claim_needs_jwt() {
+        assert_eq!(parse(&[]).unwrap().tenancy, TenancyConfig { header: false });
+        let e = parse(&[("QUEEN_TENANCY_HEADER", "true")]).unwrap_err();
+        assert_eq!(e.var, "QUEEN_TENANCY_HEADER");
+        assert!(e.to_string().contains("QUEEN_TRUSTED_PROXY=true"), "{e}");
+        assert!(parse(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).unwrap().tenancy.header);
+        assert_eq!(parse(&[("QUEEN_TENANT_CLAIM", "tid")]).unwrap_err().var, "QUEEN_TENANT_CLAIM");
+        let c = parse(&[("QUEEN_TENANT_CLAIM", " tid "), ("JWT_ENABLED", "true"), ("JWT_SECRET", "s")]).unwrap();
+        assert_eq!(c.auth.tenant_claim.as_deref(), Some("tid"));
     }
 
     #[test]

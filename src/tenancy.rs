@@ -1,6 +1,152 @@
-//! Tenants (issue 49): the home of everything tenancy will need. For now
-//! one namespace serves every request, and it is upstream's default tenant,
-//! so the identity routes can already name it.
+//! Tenants (issue 49): whose namespace a request acts in.
+//!
+//! A tenant is an opaque UUID, as upstream's: it comes from the
+//! `x-queen-tenant` header, set by a trusted proxy that strips the
+//! client's copy (`QUEEN_TENANCY_HEADER`, which the configuration refuses
+//! without `QUEEN_TRUSTED_PROXY`), or from a claim of the caller's verified
+//! token (`QUEEN_TENANT_CLAIM`), in which case a header that disagrees is
+//! refused. A request that names none runs as the default tenant, which is
+//! also every request's tenant while both are off: one bool decides, so a
+//! broker without tenancy pays nothing here.
+//!
+//! Shaped as one function the front door calls after authentication
+//! ([`resolve`]), answering either the tenant or the refusal itself (400 for
+//! a malformed header, 403 for a reserved tenant, a missing or disagreeing
+//! claim), so that no handler ever sees a request whose tenant is in doubt.
+//!
+//! What is isolated so far: nothing yet but the choice itself. Until a
+//! route family keeps its data per tenant, a request of any other tenant
+//! than the default is refused on it (403 `tenant_unsupported`) rather than
+//! served from the default tenant's data; families join as they are built
+//! (docs/DECISIONS.md).
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::http::auth::Principal;
 
 /// The tenant of a request that names none (upstream's `DEFAULT_TENANT`).
 pub const DEFAULT_TENANT: &str = "00000000-0000-0000-0000-000000000001";
+
+/// The header a trusted proxy sets.
+pub const HEADER: &str = "x-queen-tenant";
+
+/// Upstream's system tenant and its proxy's: no route acts on either.
+const RESERVED: [Uuid; 2] = [Uuid::from_u128(0xfffd), Uuid::from_u128(0xfffe)];
+
+/// A request's tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tenant(pub Uuid);
+
+impl Default for Tenant {
+    fn default() -> Self {
+        Tenant(Uuid::from_u128(1))
+    }
+}
+
+impl Tenant {
+    pub fn is_default(&self) -> bool {
+        *self == Tenant::default()
+    }
+}
+
+impl std::fmt::Display for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+/// Routes whose tenant the front door does not resolve: those that act on
+/// the whole broker, not on a tenant's data (health, metrics, the broker
+/// list and the broker's own state, the documentation and the dashboard's
+/// files), and `/auth/me`, which resolves its own with the token it
+/// verifies (`http::identity`).
+pub fn broker_wide(path: &str) -> bool {
+    matches!(
+        path,
+        "/" | "/health" | "/metrics" | "/metrics/prometheus" | "/status" | "/api/v1/openapi.json" | "/auth/login" | "/auth/logout" | "/auth/me"
+            | "/api/v1/status/buffers" | "/api/v1/analytics/system-metrics" | "/api/v1/analytics/worker-metrics"
+            | "/api/v1/analytics/postgres-stats"
+    ) || path.starts_with("/dashboard/")
+        || path.starts_with("/api/v1/system/")
+}
+
+fn refuse(status: StatusCode, error: &str, code: &str) -> Response {
+    (status, Json(json!({ "error": error, "code": code }))).into_response()
+}
+
+/// A UUID as upstream reads one: 8-4-4-4-12 hex digits, any case, spaces
+/// around ignored.
+fn parse(text: &str) -> Option<Uuid> {
+    let t = text.trim();
+    (t.len() == 36 && t.as_bytes().iter().enumerate().all(|(i, b)| if [8, 13, 18, 23].contains(&i) { *b == b'-' } else { b.is_ascii_hexdigit() }))
+        .then(|| Uuid::parse_str(t).ok())
+        .flatten()
+}
+
+/// The tenant of a request, given its headers and (if its token was
+/// verified) its principal; or the answer that refuses it. `aware`: the
+/// route keeps its data per tenant (see the module's doc); no family does
+/// yet, so only `/auth/me` passes true.
+#[allow(clippy::result_large_err)]
+pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option<&Principal>) -> Result<Tenant, Response> {
+    let claim_mode = cfg.auth.tenant_claim.is_some();
+    if !cfg.tenancy.header && !claim_mode {
+        return Ok(Tenant::default());
+    }
+    let from_header = match (cfg.tenancy.header, headers.get(HEADER)) {
+        (true, Some(v)) if !v.as_bytes().iter().all(u8::is_ascii_whitespace) => match v.to_str().ok().and_then(parse) {
+            Some(t) => Some(Tenant(t)),
+            None => return Err(refuse(StatusCode::BAD_REQUEST, "x-queen-tenant: must be a UUID (8-4-4-4-12 hex digits)", "bad_request")),
+        },
+        _ => None,
+    };
+    let from_claim = match (claim_mode, principal) {
+        (true, Some(p)) => match p.tenant.as_deref() {
+            None => return Err(refuse(StatusCode::FORBIDDEN, "the token names no tenant (its tenant claim is missing)", "tenant_claim_missing")),
+            Some(text) => match parse(text) {
+                Some(t) => Some(Tenant(t)),
+                None => return Err(refuse(StatusCode::FORBIDDEN, "the token's tenant claim is not a UUID", "tenant_claim_invalid")),
+            },
+        },
+        _ => None,
+    };
+    let tenant = match (from_claim, from_header) {
+        (Some(c), Some(h)) if c != h => {
+            return Err(refuse(StatusCode::FORBIDDEN, "x-queen-tenant disagrees with the token's tenant claim", "tenant_mismatch"));
+        }
+        (Some(t), _) | (None, Some(t)) => t,
+        (None, None) => Tenant::default(),
+    };
+    if RESERVED.contains(&tenant.0) {
+        return Err(refuse(StatusCode::FORBIDDEN, "this tenant is reserved: no route acts on it", "reserved_tenant"));
+    }
+    if !tenant.is_default() && !aware {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            "this route serves only the default tenant so far: its data is not kept per tenant yet",
+            "tenant_unsupported",
+        ));
+    }
+    Ok(tenant)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_read_as_upstream_reads_them() {
+        assert_eq!(parse(" 00000000-0000-0000-0000-00000000000A ").map(|u| u.as_u128()), Some(10));
+        assert_eq!(Tenant(parse("00000000-0000-0000-0000-000000000001").unwrap()), Tenant::default());
+        assert_eq!(Tenant::default().to_string(), DEFAULT_TENANT);
+        for bad in ["", "1", "00000000000000000000000000000001", "{00000000-0000-0000-0000-000000000001}", "0000000g-0000-0000-0000-000000000001"] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+        assert!(RESERVED.contains(&parse("00000000-0000-0000-0000-00000000FFFD").unwrap()));
+    }
+}

@@ -40,6 +40,9 @@ pub const MAX_SUB_BYTES: usize = crate::push::validate::MAX_TRANSACTION_ID_BYTES
 #[derive(Debug, Clone, Default)]
 pub struct Principal {
     pub sub: Option<String>,
+    /// The value of the token's tenant claim (`QUEEN_TENANT_CLAIM`), as
+    /// text; None without the setting or the claim.
+    pub tenant: Option<String>,
     /// The levels granted, indexed by `Level as usize`.
     granted: [bool; 5],
 }
@@ -193,7 +196,8 @@ fn principal_of(claims: &Value, cfg: &AuthConfig) -> Result<Principal, String> {
     if sub.as_ref().is_some_and(|s| s.len() > MAX_SUB_BYTES) {
         return Err(format!("Invalid token: sub is longer than {MAX_SUB_BYTES} bytes"));
     }
-    Ok(Principal { sub, granted })
+    let tenant = cfg.tenant_claim.as_ref().and_then(|c| claims.get(c)).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
+    Ok(Principal { sub, tenant, granted })
 }
 
 /// The caller a token names, as `GET /auth/me` shows it: the principal,

@@ -9,7 +9,8 @@
 //! auth_required`; without JWT it answers upstream's fixed standalone
 //! identity, so the dashboards written for upstream show a signed-in admin.
 //! `login` sends the browser to the dashboard, or explains that sign-in is
-//! the proxy's; `logout` has nothing to forget and says so with `ok`.
+//! the proxy's; `logout` has nothing to forget and says so with `ok`. The
+//! tenant `me` names is the one `tenancy::resolve` chooses for the caller.
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -19,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::auth::{self, Level};
 use super::AppState;
-use crate::tenancy::DEFAULT_TENANT;
+use crate::tenancy::{self, Tenant};
 
 /// The name of the highest level a caller's roles reach.
 fn role_name(p: &auth::Principal) -> &'static str {
@@ -31,7 +32,7 @@ fn role_name(p: &auth::Principal) -> &'static str {
 
 /// The answer's fields, upstream's names first (`user_id`, `role`,
 /// `clusters`, `standalone`, …), then ours (`subject`, `roles`, `tenant`).
-fn identity(state: &AppState, subject: Option<&str>, email: Option<&str>, role: &str, roles: Vec<String>) -> Value {
+fn identity(state: &AppState, tenant: Tenant, subject: Option<&str>, email: Option<&str>, role: &str, roles: Vec<String>) -> Value {
     let standalone = !state.config.auth.enabled;
     json!({
         "user_id": subject.unwrap_or("standalone"),
@@ -41,7 +42,7 @@ fn identity(state: &AppState, subject: Option<&str>, email: Option<&str>, role: 
         "operator_enabled": role == "admin",
         "operator_live": role == "admin",
         "acting_cluster": {"id": "local", "slug": "local"},
-        "clusters": [{"id": "local", "slug": "local", "role": role, "tenant_slug": "local", "tenant_id": DEFAULT_TENANT,
+        "clusters": [{"id": "local", "slug": "local", "role": role, "tenant_slug": "local", "tenant_id": tenant.to_string(),
                       "status": "active", "cell_slug": state.config.server_id}],
         "act_cluster_header": "x-queen-act-cluster",
         "role": role,
@@ -49,7 +50,7 @@ fn identity(state: &AppState, subject: Option<&str>, email: Option<&str>, role: 
         "standalone": standalone,
         "subject": subject,
         "roles": roles,
-        "tenant": DEFAULT_TENANT,
+        "tenant": tenant.to_string(),
     })
 }
 
@@ -65,7 +66,10 @@ fn auth_required(detail: Option<String>) -> Response {
 pub async fn me(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let cfg = &state.config.auth;
     if !cfg.enabled {
-        return Json(identity(&state, None, None, "admin", vec!["admin".into()])).into_response();
+        return match tenancy::resolve(&state.config, true, &headers, None) {
+            Ok(tenant) => Json(identity(&state, tenant, None, None, "admin", vec!["admin".into()])).into_response(),
+            Err(refused) => refused,
+        };
     }
     let raw = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
     let token = raw.strip_prefix("Bearer ").or_else(|| raw.strip_prefix("bearer ")).unwrap_or(raw).trim();
@@ -73,9 +77,10 @@ pub async fn me(State(state): State<AppState>, headers: HeaderMap) -> Response {
         return auth_required(None);
     }
     match auth::identity(token, cfg) {
-        Ok((principal, roles, email)) => {
-            Json(identity(&state, principal.sub.as_deref(), email.as_deref(), role_name(&principal), roles)).into_response()
-        }
+        Ok((principal, roles, email)) => match tenancy::resolve(&state.config, true, &headers, Some(&principal)) {
+            Ok(tenant) => Json(identity(&state, tenant, principal.sub.as_deref(), email.as_deref(), role_name(&principal), roles)).into_response(),
+            Err(refused) => refused,
+        },
         Err(reason) => auth_required(Some(reason)),
     }
 }

@@ -292,7 +292,7 @@ pub fn router(state: AppState) -> Router {
 /// for its whole wait: three layers cost 10,000 parked pops 32 MB more RSS.
 async fn front_door(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let observed = metrics::Observed::start(&req);
-    let response = match auth::check(&state, &mut req) {
+    let response = match auth::check(&state, &mut req).and_then(|()| tenant_of(&state, &mut req)) {
         Err(denied) => denied,
         Ok(()) => match limits::admit(&state, &req) {
             Err(shed) => shed,
@@ -301,6 +301,20 @@ async fn front_door(State(state): State<AppState>, mut req: Request, next: Next)
     };
     observed.finish(&state, &response);
     response
+}
+
+/// Resolves the request's tenant (`tenancy`) and records any other than
+/// the default, which handlers assume when none is recorded.
+#[allow(clippy::result_large_err)]
+fn tenant_of(state: &AppState, req: &mut Request) -> Result<(), Response> {
+    if crate::tenancy::broker_wide(req.uri().path()) {
+        return Ok(());
+    }
+    let tenant = crate::tenancy::resolve(&state.config, false, req.headers(), req.extensions().get::<auth::Principal>())?;
+    if !tenant.is_default() {
+        req.extensions_mut().insert(tenant);
+    }
+    Ok(())
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
