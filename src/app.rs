@@ -218,7 +218,8 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
         traces: crate::reads::traces::TraceWriter::new(store.pool.clone()), switches,
         kv: crate::kv::KvWriter::new(store.pool.clone(), config_kv.limits.clone(), config_kv.writers),
-        ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)) };
+        ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)),
+        owners: Arc::new(crate::tenancy::Owners::default()) };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     spawn_timer_fire(state.clone(), stop_services.subscribe());
     spawn_ephemeral_sweeper(state.ephemeral.clone(), stop_services.subscribe());

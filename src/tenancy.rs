@@ -14,13 +14,18 @@
 //! a malformed header, 403 for a reserved tenant, a missing or disagreeing
 //! claim), so that no handler ever sees a request whose tenant is in doubt.
 //!
-//! What is isolated so far: nothing yet but the choice itself. Until a
-//! route family keeps its data per tenant, a request of any other tenant
-//! than the default is refused on it (403 `tenant_unsupported`) rather than
-//! served from the default tenant's data; families join as they are built
+//! Isolation by name: a tenant's queue is stored behind the tenant's
+//! prefix ([`Tenant::inner`], migration 0039), so everything keyed by a
+//! queue's name or id inside the broker and the database is per tenant
+//! without knowing it; names are mapped in at the edge and shown without
+//! the prefix ([`shown`]), and an id a request names (a partition id in an
+//! ack) is checked against the tenant ([`Owners`]). Until a route family
+//! does that ([`isolated`]), a request of any other tenant than the default
+//! is refused on it (403 `tenant_unsupported`) rather than served from the
+//! default tenant's data; families join as they are built
 //! (docs/DECISIONS.md).
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -52,6 +57,41 @@ impl Tenant {
     pub fn is_default(&self) -> bool {
         *self == Tenant::default()
     }
+
+    /// The stored name of this tenant's queue `name`: the name itself for
+    /// the default tenant, else the name behind the tenant's prefix
+    /// (see [`MARK`]).
+    pub fn inner<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.is_default() {
+            std::borrow::Cow::Borrowed(name)
+        } else {
+            std::borrow::Cow::Owned(format!("{MARK}{}{MARK}{name}", self.0.hyphenated()))
+        }
+    }
+
+    /// Whether the stored queue name `stored` is this tenant's.
+    pub fn owns(&self, stored: &str) -> bool {
+        match stored.strip_prefix(MARK) {
+            None => self.is_default(),
+            Some(rest) => !self.is_default() && rest.len() > 37 && rest.as_bytes()[36] == MARK as u8 && self.0.hyphenated().to_string() == rest[..36],
+        }
+    }
+}
+
+/// What opens and closes a tenant's prefix in a stored queue name. A
+/// control character: no name a client gives can hold one
+/// (`push::validate::check_name`), so no default-tenant name can ever
+/// spell another tenant's prefix.
+pub const MARK: char = '\u{1}';
+
+/// A stored queue name as its tenant knows it: the prefix removed. Every
+/// answer that shows a queue name passes it through here; a request only
+/// ever reaches its own tenant's queues, so which tenant does not matter.
+pub fn shown(stored: &str) -> &str {
+    match stored.strip_prefix(MARK) {
+        Some(rest) if rest.len() > 37 && rest.as_bytes()[36] == MARK as u8 => &rest[37..],
+        _ => stored,
+    }
 }
 
 impl std::fmt::Display for Tenant {
@@ -75,6 +115,17 @@ pub fn broker_wide(path: &str) -> bool {
         || path.starts_with("/api/v1/system/")
 }
 
+/// The routes whose data is kept per tenant so far: the push, the named
+/// pops, the acks and the queue listing and lookup. Every other route
+/// refuses tenants other than the default (see the module's doc).
+pub fn isolated(method: &Method, path: &str) -> bool {
+    let get = method == Method::GET;
+    (method == Method::POST && matches!(path, "/api/v1/push" | "/api/v1/ack" | "/api/v1/ack/batch"))
+        || (get && path.starts_with("/api/v1/pop/queue/"))
+        || (get && path == "/api/v1/resources/queues")
+        || (get && path.starts_with("/api/v1/resources/queues/") && path.matches('/').count() == 5)
+}
+
 fn refuse(status: StatusCode, error: &str, code: &str) -> Response {
     (status, Json(json!({ "error": error, "code": code }))).into_response()
 }
@@ -90,8 +141,7 @@ fn parse(text: &str) -> Option<Uuid> {
 
 /// The tenant of a request, given its headers and (if its token was
 /// verified) its principal; or the answer that refuses it. `aware`: the
-/// route keeps its data per tenant (see the module's doc); no family does
-/// yet, so only `/auth/me` passes true.
+/// route keeps its data per tenant ([`isolated`], and `/auth/me`).
 #[allow(clippy::result_large_err)]
 pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option<&Principal>) -> Result<Tenant, Response> {
     let claim_mode = cfg.auth.tenant_claim.is_some();
@@ -135,6 +185,50 @@ pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option
     Ok(tenant)
 }
 
+/// Partition ids' tenants, looked up once: an id names one partition for
+/// ever (ids are never reused) and a partition never changes queue, so what
+/// is known stays true. Bounded: forgotten whole past [`OWNERS_KEPT`].
+#[derive(Default)]
+pub struct Owners {
+    known: std::sync::Mutex<std::collections::HashMap<i64, Uuid>>,
+}
+
+/// Partition ids whose tenant is remembered at most.
+const OWNERS_KEPT: usize = 200_000;
+
+impl Owners {
+    /// Which of `ids` belong to another tenant than `tenant` (an id no
+    /// partition has is not among them: it is unknown to every tenant).
+    pub async fn foreign(&self, pool: &deadpool_postgres::Pool, tenant: Tenant, ids: &[i64]) -> Result<Vec<i64>, crate::db::DbError> {
+        let missing: Vec<i64> = {
+            let known = self.known.lock().expect("owners lock");
+            ids.iter().copied().filter(|id| !known.contains_key(id)).collect()
+        };
+        if !missing.is_empty() {
+            let client = pool.get().await?;
+            let rows = client
+                .query(
+                    "SELECT p.id, q.tenant_id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = ANY ($1)",
+                    &[&missing],
+                )
+                .await?;
+            let mut known = self.known.lock().expect("owners lock");
+            if known.len() + rows.len() > OWNERS_KEPT {
+                known.clear();
+            }
+            known.extend(rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, Uuid>(1))));
+        }
+        let known = self.known.lock().expect("owners lock");
+        Ok(ids.iter().copied().filter(|id| known.get(id).is_some_and(|t| *t != tenant.0)).collect())
+    }
+}
+
+/// Whether requests may name tenants at all (either source is on): only
+/// then is a partition id's tenant ever checked.
+pub fn enabled(cfg: &Config) -> bool {
+    cfg.tenancy.header || cfg.auth.tenant_claim.is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,5 +242,19 @@ mod tests {
             assert_eq!(parse(bad), None, "{bad}");
         }
         assert!(RESERVED.contains(&parse("00000000-0000-0000-0000-00000000FFFD").unwrap()));
+    }
+
+    #[test]
+    fn a_tenants_queue_names_are_its_own_and_shown_without_their_prefix() {
+        let other = Tenant(Uuid::from_u128(0xabc));
+        let third = Tenant(Uuid::from_u128(0xabd));
+        assert_eq!(Tenant::default().inner("orders"), "orders");
+        let stored = other.inner("orders");
+        assert_eq!(stored, "\u{1}00000000-0000-0000-0000-000000000abc\u{1}orders");
+        assert_eq!(shown(&stored), "orders");
+        assert_eq!(shown("orders"), "orders");
+        assert!(other.owns(&stored) && !third.owns(&stored) && !Tenant::default().owns(&stored));
+        assert!(Tenant::default().owns("orders") && !other.owns("orders"));
+        assert_eq!(shown("\u{1}short"), "\u{1}short", "not a prefix: shown as it is");
     }
 }

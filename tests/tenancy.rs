@@ -1,8 +1,8 @@
-//! Choosing a request's tenant (issue 49, `tenancy`): the header a trusted
-//! proxy sets, the token's claim, the refusals, and the boot interlock.
-//! No route family keeps its data per tenant yet, so every request of a
-//! tenant other than the default is refused on them, never served from the
-//! default tenant's data.
+//! Tenants (issue 49, `tenancy`): choosing a request's tenant (the header a
+//! trusted proxy sets, the token's claim, the refusals, the boot
+//! interlock), and the isolation of what is per tenant so far: push, the
+//! named pops, acks and the queue listing. Every other route refuses a
+//! tenant other than the default, never serving it the default's data.
 
 mod common;
 
@@ -49,12 +49,11 @@ async fn the_header_chooses_the_tenant_and_what_it_cannot_serve_is_refused_and_c
         let (status, body) = send(&b, "POST", "/api/v1/push", Some(reserved), None).await;
         assert_eq!((status, &body["code"]), (403, &json!("reserved_tenant")), "{body}");
     }
-    // Another tenant: nothing of its own exists yet, so it is refused, not
-    // served from the default tenant's data.
-    let (status, body) = send(&b, "POST", "/api/v1/push", Some(OTHER), None).await;
-    assert_eq!((status, &body["code"]), (403, &json!("tenant_unsupported")), "{body}");
-    assert_eq!(send(&b, "GET", "/api/v1/resources/queues", Some(OTHER), None).await.0, 403);
     assert_eq!(queues(&b).await, 0, "no refused request created anything");
+    // Another tenant, on a route whose data is not per tenant yet: refused,
+    // not served from the default tenant's data.
+    let (status, body) = send(&b, "GET", "/api/v1/messages", Some(OTHER), None).await;
+    assert_eq!((status, &body["code"]), (403, &json!("tenant_unsupported")), "{body}");
     // No header, a blank one, or the default tenant named: served.
     for t in [None, Some(" "), Some(DEFAULT), Some("00000000-0000-0000-0000-000000000001 ")] {
         assert_eq!(send(&b, "POST", "/api/v1/push", t, None).await.0, 201, "{t:?}");
@@ -99,7 +98,8 @@ async fn a_tenant_claim_names_the_tenant_and_a_header_that_disagrees_is_refused(
     assert_eq!((status, &body["code"]), (403, &json!("tenant_mismatch")), "{body}");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&none)).await.1["code"], "tenant_claim_missing");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&junk)).await.1["code"], "tenant_claim_invalid");
-    assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&other)).await.1["code"], "tenant_unsupported");
+    assert_eq!(send(&b, "GET", "/api/v1/messages", None, Some(&other)).await.1["code"], "tenant_unsupported");
+    assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&other)).await.0, 201, "push is per tenant");
     let (status, me) = send(&b, "GET", "/auth/me", None, Some(&other)).await;
     assert_eq!((status, &me["tenant"], &me["subject"]), (200, &json!(OTHER), &json!("b")));
     assert_eq!(send(&b, "GET", "/auth/me", Some(DEFAULT), Some(&other)).await.1["code"], "tenant_mismatch");
@@ -119,4 +119,121 @@ async fn the_header_without_a_trusted_proxy_stops_the_boot_with_a_clear_message(
     assert!(!out.status.success());
     let said = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("QUEEN_TENANCY_HEADER") && said.contains("QUEEN_TRUSTED_PROXY=true"), "{said}");
+}
+
+/// The same scenario in three tenants of one broker, with the same queue,
+/// partition and group names: each sees only its own messages, queues and
+/// cursors, and a partition id of another tenant answers as an unknown one.
+#[tokio::test]
+async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
+    let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
+    let third = "6f1c2a34-0000-4000-8000-0000000000ff";
+    let call = |method: &'static str, path: String, tenant: &'static str, body: Option<Value>| {
+        let url = format!("{}{}", b.url, path);
+        let req = match method {
+            "GET" => b.http.get(url),
+            _ => b.http.post(url).json(&body.unwrap_or(Value::Null)),
+        };
+        async move {
+            let r = req.header("x-queen-tenant", tenant).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    for (tenant, n) in [(DEFAULT, 2), (OTHER, 3), (third, 1)] {
+        let items: Vec<Value> = (0..n).map(|i| json!({"queue": "orders", "partition": "p", "transactionId": format!("t{i}"), "payload": {"tenant": tenant, "i": i}})).collect();
+        let (status, body) = call("POST", "/api/v1/push".into(), tenant, Some(json!({"items": items}))).await;
+        assert_eq!(status, 201, "{body}");
+        assert!(body.as_array().unwrap().iter().all(|r| r["status"] == "queued" && r["queueName"] == "orders"), "{body}");
+    }
+    // The same transactionId in another tenant is its own message, not a duplicate.
+    assert_eq!(queues(&b).await, 3);
+    let mut leases = Vec::new();
+    for (tenant, n) in [(DEFAULT, 2), (OTHER, 3), (third, 1)] {
+        let (status, body) = call("GET", "/api/v1/pop/queue/orders?batch=10&consumerGroup=g".into(), tenant, None).await;
+        assert_eq!(status, 200);
+        assert_eq!(body["queue"], "orders");
+        let msgs = body["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), n, "{tenant}: only its own messages");
+        assert!(msgs.iter().all(|m| m["data"]["tenant"] == tenant));
+        let (_, list) = call("GET", "/api/v1/resources/queues".into(), tenant, None).await;
+        assert_eq!((list["total"].as_i64(), &list["queues"][0]["name"], list["queues"][0]["messages"].as_i64()), (Some(1), &json!("orders"), Some(n as i64)));
+        let (status, q) = call("GET", "/api/v1/resources/queues/orders".into(), tenant, None).await;
+        assert_eq!((status, &q["name"], q["messages"].as_i64()), (200, &json!("orders"), Some(n as i64)));
+        leases.push((tenant, body["leaseId"].as_str().unwrap().to_string(), msgs[0]["partitionId"].as_str().unwrap().to_string(),
+                     msgs[0]["transactionId"].as_str().unwrap().to_string()));
+    }
+    let ids: std::collections::HashSet<&str> = leases.iter().map(|l| l.2.as_str()).collect();
+    assert_eq!(ids.len(), 3, "three partitions");
+    // Another tenant's partition id, lease and transactionId: answered as
+    // an ack of a partition that does not exist, and changing nothing.
+    let (_, ref lease, ref pid, ref txn) = leases[1];
+    let ack = |pid: &str| json!({"transactionId": txn, "partitionId": pid, "leaseId": lease, "status": "completed", "consumerGroup": "g"});
+    let (s1, foreign) = call("POST", "/api/v1/ack".into(), third, Some(ack(pid))).await;
+    let (s2, unknown) = call("POST", "/api/v1/ack".into(), third, Some(ack("987654321"))).await;
+    assert_eq!((s1, &foreign), (s2, &unknown), "a foreign partition answers as an unknown one");
+    assert_eq!(foreign[0]["success"], false, "{foreign}");
+    let (s3, batch) = call("POST", "/api/v1/ack/batch".into(), DEFAULT, Some(json!({"consumerGroup": "g", "acknowledgments": [ack(pid)]}))).await;
+    assert_eq!((s3, &batch[0]["success"]), (200, &json!(false)), "{batch}");
+    // Its own tenant acks it.
+    let (_, own) = call("POST", "/api/v1/ack".into(), OTHER, Some(ack(pid))).await;
+    assert_eq!(own[0]["success"], true, "{own}");
+    // A tenant's lookup of a name only another tenant has: 404.
+    let (_, _) = call("POST", "/api/v1/push".into(), OTHER, Some(json!({"items": [{"queue": "only-other", "payload": 1}]}))).await;
+    assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), DEFAULT, None).await.0, 404);
+    assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), OTHER, None).await.0, 200);
+    assert_eq!(call("GET", "/api/v1/pop/queue/only-other?batch=10&wait=false".into(), third, None).await.0, 204);
+    let tenants: Vec<(uuid::Uuid, i64)> = b
+        .sql()
+        .await
+        .query("SELECT tenant_id, count(*) FROM queen.queues GROUP BY 1 ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let t = |s: &str| uuid::Uuid::parse_str(s).unwrap();
+    // The third tenant's pop made its own (empty) `only-other`, as a pop does.
+    assert_eq!(tenants, vec![(t(DEFAULT), 1), (t(third), 2), (t(OTHER), 2)], "each queue carries its tenant");
+}
+
+/// A database of the schema before 0039, holding a queue with messages,
+/// upgraded by a broker's boot: the queue and its messages belong to the
+/// default tenant, which keeps serving them, and no other tenant sees them.
+#[tokio::test]
+async fn the_upgrade_gives_existing_queues_to_the_default_tenant() {
+    let c = cluster();
+    let db = c.create_db().await;
+    let sql = c.connect(&db).await;
+    sql.batch_execute(
+        "CREATE SCHEMA queen; CREATE TABLE queen.schema_migrations (version integer PRIMARY KEY, name text NOT NULL,
+         applied_at timestamptz NOT NULL DEFAULT now());",
+    )
+    .await
+    .unwrap();
+    for m in queen::db::migrations::MIGRATIONS.iter().filter(|m| m.version < 39) {
+        sql.batch_execute(m.sql).await.unwrap();
+        sql.execute("INSERT INTO queen.schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name]).await.unwrap();
+    }
+    // Data written by the previous schema: a queue, a partition, a segment.
+    let old = Broker::spawn(db.clone(), vec![
+        ("QUEEN_DATABASE_URL".into(), c.url(&db)),
+        ("QUEEN_APPLY_SCHEMA".into(), "false".into()),
+    ])
+    .await;
+    let (status, _) = old.post("/api/v1/push", json!({"items": [{"queue": "legacy", "partition": "p", "payload": {"n": 1}}]})).await;
+    assert_eq!(status, 201);
+    drop(old);
+    let b = Broker::spawn(db.clone(), vec![
+        ("QUEEN_DATABASE_URL".into(), c.url(&db)),
+        ("QUEEN_TENANCY_HEADER".into(), "true".into()),
+        ("QUEEN_TRUSTED_PROXY".into(), "true".into()),
+    ])
+    .await;
+    let tenant: uuid::Uuid = b.sql().await.query_one("SELECT tenant_id FROM queen.queues WHERE name = 'legacy'", &[]).await.unwrap().get(0);
+    assert_eq!(tenant.to_string(), DEFAULT);
+    assert_eq!(send(&b, "GET", "/api/v1/resources/queues/legacy", Some(OTHER), None).await.0, 404);
+    let r = b.http.get(format!("{}/api/v1/pop/queue/legacy?batch=5&autoAck=true", b.url)).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["messages"][0]["data"], json!({"n": 1}));
 }

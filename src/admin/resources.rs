@@ -5,6 +5,7 @@
 //! cursors, never from counting messages: pending for a group is
 //! `last_offset − max(committed, log_start − 1)` per partition.
 
+use crate::tenancy::{shown, Tenant};
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
@@ -13,11 +14,11 @@ use crate::json::iso_ms;
 use crate::db::DbError;
 
 /// `GET /api/v1/resources/queues?limit=&offset=&search=`
-pub async fn list_queues(pool: &Pool, search: Option<&str>, limit: i64, offset: i64) -> Result<Value, DbError> {
+pub async fn list_queues(pool: &Pool, tenant: Tenant, search: Option<&str>, limit: i64, offset: i64) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let pattern = search.map(|s| format!("%{}%", s.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
     let total: i64 = client
-        .query_one("SELECT count(*) FROM queen.queues q WHERE $1::text IS NULL OR q.name ILIKE $1", &[&pattern])
+        .query_one("SELECT count(*) FROM queen.queues q WHERE q.tenant_id = $2 AND ($1::text IS NULL OR q.name ILIKE $1)", &[&pattern, &tenant.0])
         .await?
         .get(0);
     let rows = client
@@ -25,15 +26,15 @@ pub async fn list_queues(pool: &Pool, search: Option<&str>, limit: i64, offset: 
             "SELECT q.id, q.name, q.namespace, q.task, q.created_at,
                     count(p.id)::bigint, COALESCE(sum(p.last_offset + 1 - p.log_start), 0)::bigint
              FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
-             WHERE $1::text IS NULL OR q.name ILIKE $1
+             WHERE q.tenant_id = $4 AND ($1::text IS NULL OR q.name ILIKE $1)
              GROUP BY q.id ORDER BY q.name LIMIT $2 OFFSET $3",
-            &[&pattern, &limit, &offset],
+            &[&pattern, &limit, &offset, &tenant.0],
         )
         .await?;
     let queues: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({"id": r.get::<_, i64>(0).to_string(), "name": r.get::<_, String>(1), "namespace": r.get::<_, String>(2),
+            json!({"id": r.get::<_, i64>(0).to_string(), "name": shown(r.get(1)), "namespace": r.get::<_, String>(2),
                    "task": r.get::<_, String>(3), "createdAt": iso_ms(r.get(4)), "partitions": r.get::<_, i64>(5),
                    "messages": r.get::<_, i64>(6)})
         })
@@ -67,7 +68,7 @@ pub async fn get_queue(pool: &Pool, queue: &str) -> Result<Option<Value>, DbErro
         .collect();
     Ok(Some(json!({
         "id": qid.to_string(),
-        "name": q.get::<_, String>("name"),
+        "name": shown(q.get("name")),
         "namespace": q.get::<_, String>("namespace"),
         "task": q.get::<_, String>("task"),
         "createdAt": iso_ms(q.get("created_at")),

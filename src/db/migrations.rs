@@ -72,6 +72,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(36, "0036_kafka_producers.sql"),
     migration!(37, "0037_kafka_transactions.sql"),
     migration!(38, "0038_kafka_transactional_id_expiry.sql"),
+    migration!(39, "0039_queue_tenants.sql"),
 ];
 
 /// The first migration of the development history squashed into the

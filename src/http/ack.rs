@@ -3,6 +3,7 @@
 //! array in request order; the batch route refuses a malformed item alone,
 //! inside its 200, and the single route answers such an item with a 400.
 
+use crate::tenancy::Tenant;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -276,27 +277,53 @@ pub(super) fn wake_after(state: &AppState, released: &[Released]) {
 
 /// Applies valid acknowledgements (none: nothing to do), counts them and
 /// wakes the queues whose leases they released.
-async fn apply(state: &AppState, items: &[AckItem]) -> Result<Vec<AckOutcome>, ApiError> {
+/// The partition id an ack of another tenant's partition is sent on with:
+/// no partition has it, so the ack answers as one naming an unknown
+/// partition does, and a foreign id never shows that it exists.
+const NO_PARTITION: &str = "0";
+
+async fn apply(state: &AppState, tenant: Option<axum::Extension<Tenant>>, items: &[AckItem]) -> Result<Vec<AckOutcome>, ApiError> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
-    let (outcomes, released) = state.ack.ack(items).await.map_err(|e| ApiError::from_db(&e))?;
+    let mut owned = std::borrow::Cow::Borrowed(items);
+    if crate::tenancy::enabled(&state.config) {
+        let tenant = tenant.map(|t| t.0).unwrap_or_default();
+        let ids: Vec<i64> = items.iter().filter_map(|i| i.partition_id.parse().ok()).collect();
+        let foreign = state.owners.foreign(&state.pool, tenant, &ids).await.map_err(|e| ApiError::from_db(&e))?;
+        if !foreign.is_empty() {
+            for item in owned.to_mut().iter_mut().filter(|i| i.partition_id.parse().is_ok_and(|id: i64| foreign.contains(&id))) {
+                item.partition_id = NO_PARTITION.to_string();
+            }
+        }
+    }
+    let (outcomes, released) = state.ack.ack(&owned).await.map_err(|e| ApiError::from_db(&e))?;
     state.count_acks(&outcomes);
     wake_after(state, &released);
     Ok(outcomes)
 }
 
-pub async fn ack_one(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn ack_one(
+    State(state): State<AppState>,
+    tenant: Option<axum::Extension<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
     let text = utf8(&bytes)?;
     serde_json::from_str::<IgnoredAny>(text).map_err(bad_body)?;
     let item = item_of(text, QUEUE_MODE).map_err(ApiError::BadRequest)?;
-    let outcomes = apply(&state, std::slice::from_ref(&item)).await?;
+    let outcomes = apply(&state, tenant, std::slice::from_ref(&item)).await?;
     let answers: Vec<Answer> = outcomes.iter().map(|o| answer(o, o.index)).collect();
     Ok(answers_json(&answers))
 }
 
-pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn ack_batch(
+    State(state): State<AppState>,
+    tenant: Option<axum::Extension<Tenant>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     let bytes = read_body(&state, &headers, body).await?;
     let text = utf8(&bytes)?;
     let missing = || ApiError::BadRequest("acknowledgments: required, an array".into());
@@ -310,7 +337,7 @@ pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: 
         let items: Result<Vec<AckItem>, String> =
             batch.acknowledgments.into_iter().map(|ObjectOnly(f)| item_from(f, &group)).collect();
         if let Ok(valid) = items {
-            let outcomes = apply(&state, &valid).await?;
+            let outcomes = apply(&state, tenant, &valid).await?;
             let answers: Vec<Answer> = outcomes.iter().enumerate().map(|(i, o)| answer(o, i)).collect();
             return Ok(answers_json(&answers));
         }
@@ -333,7 +360,7 @@ pub async fn ack_batch(State(state): State<AppState>, headers: HeaderMap, body: 
             Err(e) => refused.push((i, e)),
         }
     }
-    let outcomes = apply(&state, &valid).await?;
+    let outcomes = apply(&state, tenant, &valid).await?;
     let mut answers: Vec<Option<Answer>> = (0..list.len()).map(|_| None).collect();
     for (o, &i) in outcomes.iter().zip(&positions) {
         answers[i] = Some(answer(o, i));

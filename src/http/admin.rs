@@ -1,6 +1,8 @@
 //! The operator routes (API.md §1.2 rows 9–24, §2.6, §2.7): configure, queue
 //! resources, consumer groups and seek.
 
+use axum::Extension;
+use crate::tenancy::Tenant;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -38,14 +40,16 @@ pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: 
     Ok(Json(state.configure(&req).await?).into_response())
 }
 
-pub async fn list_queues(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn list_queues(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
     let search = p.text("search");
-    let answer = resources::list_queues(&state.pool, search.as_deref(), p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
+    let tenant = tenant.map(|t| t.0).unwrap_or_default();
+    let answer = resources::list_queues(&state.pool, tenant, search.as_deref(), p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
     Ok(Json(answer).into_response())
 }
 
-pub async fn get_queue(State(state): State<AppState>, Path(queue): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_queue(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, Path(queue): Path<String>) -> Result<Response, ApiError> {
+    let queue = tenant.map(|t| t.0).unwrap_or_default().inner(&queue).into_owned();
     Ok(match resources::get_queue(&state.pool, &queue).await? {
         Some(v) => Json(v).into_response(),
         None => queue_not_found(),

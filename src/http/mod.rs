@@ -66,6 +66,8 @@ pub struct AppState {
     pub ephemeral: Arc<crate::ephemeral::Ephemeral>,
     /// The other brokers on the database: where committed pushes are told.
     pub cluster: Arc<crate::cluster::Cluster>,
+    /// Which tenant each partition id belongs to, as far as looked up.
+    pub owners: Arc<crate::tenancy::Owners>,
 }
 
 impl AppState {
@@ -310,7 +312,8 @@ fn tenant_of(state: &AppState, req: &mut Request) -> Result<(), Response> {
     if crate::tenancy::broker_wide(req.uri().path()) {
         return Ok(());
     }
-    let tenant = crate::tenancy::resolve(&state.config, false, req.headers(), req.extensions().get::<auth::Principal>())?;
+    let aware = crate::tenancy::isolated(req.method(), req.uri().path());
+    let tenant = crate::tenancy::resolve(&state.config, aware, req.headers(), req.extensions().get::<auth::Principal>())?;
     if !tenant.is_default() {
         req.extensions_mut().insert(tenant);
     }

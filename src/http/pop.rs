@@ -6,6 +6,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
+use crate::tenancy::Tenant;
 use super::AppState;
 use crate::pop::{PopError, PopParams, Route};
 
@@ -36,23 +37,33 @@ fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
     crate::push::validate::check_name(name).map_err(|p| ApiError::BadRequest(format!("{what}: {p}")))
 }
 
+/// The stored name of the tenant's queue (`tenancy`).
+fn stored(tenant: Option<axum::Extension<Tenant>>, queue: String) -> String {
+    match tenant {
+        Some(axum::Extension(t)) => t.inner(&queue).into_owned(),
+        None => queue,
+    }
+}
+
 pub async fn pop_queue(
     State(state): State<AppState>,
+    tenant: Option<axum::Extension<Tenant>>,
     Path(queue): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     check_name("queue", &queue)?;
-    serve(&state, Route::Wildcard { queue }, &query_pairs(q)?).await
+    serve(&state, Route::Wildcard { queue: stored(tenant, queue) }, &query_pairs(q)?).await
 }
 
 pub async fn pop_partition(
     State(state): State<AppState>,
+    tenant: Option<axum::Extension<Tenant>>,
     Path((queue, partition)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     check_name("queue", &queue)?;
     check_name("partition", &partition)?;
-    serve(&state, Route::Specific { queue, partition }, &query_pairs(q)?).await
+    serve(&state, Route::Specific { queue: stored(tenant, queue), partition }, &query_pairs(q)?).await
 }
 
 pub async fn pop_discovery(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

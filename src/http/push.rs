@@ -12,6 +12,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::json::{decimal, indexed_objects, string};
 use crate::push::{self, ItemResult, Outcome};
+use crate::tenancy::Tenant;
 
 /// The push answer, written by hand into one buffer: one object per item,
 /// with both spellings of the ids (upstream brokers used snake_case, newer
@@ -41,7 +42,7 @@ fn render_answer(results: &[ItemResult]) -> Vec<u8> {
         out.extend_from_slice(b",\"queueName\":");
         if queue.0 != Some(r.queue) {
             queue.1.clear();
-            string(&mut queue.1, r.queue);
+            string(&mut queue.1, crate::tenancy::shown(r.queue));
             queue.0 = Some(r.queue);
         }
         out.extend_from_slice(&queue.1);
@@ -56,9 +57,19 @@ fn created_json(body: Vec<u8>) -> Response {
     (StatusCode::CREATED, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// Moves items to the tenant's queues (`tenancy`): their stored names.
+fn in_tenant(tenant: Option<axum::Extension<Tenant>>, items: &mut [push::PushItem<'_>]) {
+    if let Some(axum::Extension(t)) = tenant {
+        for item in items.iter_mut() {
+            item.queue = std::borrow::Cow::Owned(t.inner(&item.queue).into_owned());
+        }
+    }
+}
+
 pub async fn push(
     State(state): State<AppState>,
     principal: Option<axum::Extension<super::auth::Principal>>,
+    tenant: Option<axum::Extension<Tenant>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -69,11 +80,13 @@ pub async fn push(
     if bytes.starts_with(b"QPB1") {
         let parsed = crate::log::binary::parse_push(&bytes, state.config.max_body_bytes)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        let items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
+        let mut items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
+        in_tenant(tenant, &mut items);
         return push_and_answer(&state, &items, &parsed.groups, parsed.counts_only, producer.as_deref()).await;
     }
     let text = utf8(&bytes)?;
-    let items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
+    let mut items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
+    in_tenant(tenant, &mut items);
     push_and_answer(&state, &items, &[], false, producer.as_deref()).await
 }
 
@@ -142,7 +155,8 @@ fn buffered(items: &[crate::push::PushItem<'_>], txns: Vec<String>) -> Response 
         .enumerate()
         .map(|(index, (item, txn))| {
             serde_json::json!({"index": index, "status": "buffered", "messageId": null, "message_id": null,
-                               "transactionId": txn, "transaction_id": txn, "queueName": item.queue, "partitionId": null})
+                               "transactionId": txn, "transaction_id": txn, "queueName": crate::tenancy::shown(&item.queue),
+                               "partitionId": null})
         })
         .collect();
     (StatusCode::CREATED, Json(answer)).into_response()

@@ -60,7 +60,7 @@ pub fn render_frames(claimed: &[ClaimedPartition], top_queue: &str, lease_id: &s
         })
         .collect();
     let own = own_keys(p);
-    Some(crate::log::binary::encode_pop_frames(top_queue, lease_id, &p.group, own.as_deref(), &claims))
+    Some(crate::log::binary::encode_pop_frames(crate::tenancy::shown(top_queue), lease_id, &p.group, own.as_deref(), &claims))
 }
 
 /// A UUID's hyphenated text, without the formatting machinery (one or two
@@ -99,7 +99,7 @@ pub fn render<'a>(
     let mut batches = Vec::new();
     let mut out = Vec::with_capacity(1024);
     out.extend_from_slice(b"{\"success\":true,\"queue\":");
-    json_str(&mut out, top_queue);
+    json_str(&mut out, crate::tenancy::shown(top_queue));
     out.extend_from_slice(b",\"partition\":");
     json_str(&mut out, &first.partition);
     write!(out, ",\"partitionId\":\"{}\",\"leaseId\":", first.partition_id).expect("vec write");
