@@ -116,11 +116,13 @@ pub fn broker_wide(path: &str) -> bool {
 }
 
 /// The routes whose data is kept per tenant so far: the push, the named
-/// pops, the acks and the queue listing and lookup. Every other route
+/// pops, the acks, lease extension, configure, and the queue listing and
+/// lookup. Every other route
 /// refuses tenants other than the default (see the module's doc).
 pub fn isolated(method: &Method, path: &str) -> bool {
     let get = method == Method::GET;
-    (method == Method::POST && matches!(path, "/api/v1/push" | "/api/v1/ack" | "/api/v1/ack/batch"))
+    (method == Method::POST && matches!(path, "/api/v1/push" | "/api/v1/ack" | "/api/v1/ack/batch" | "/api/v1/configure"))
+        || (method == Method::POST && path.starts_with("/api/v1/lease/") && path.ends_with("/extend"))
         || (get && path.starts_with("/api/v1/pop/queue/"))
         || (get && path == "/api/v1/resources/queues")
         || (get && path.starts_with("/api/v1/resources/queues/") && path.matches('/').count() == 5)

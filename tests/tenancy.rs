@@ -178,6 +178,16 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
     // Its own tenant acks it.
     let (_, own) = call("POST", "/api/v1/ack".into(), OTHER, Some(ack(pid))).await;
     assert_eq!(own[0]["success"], true, "{own}");
+    // Its lease: extended by its tenant, unknown to the others.
+    let extend = |tenant: &'static str| call("POST", format!("/api/v1/lease/{lease}/extend"), tenant, Some(json!({"seconds": 30})));
+    let (status, other_extends) = extend(third).await;
+    assert_eq!((status, &other_extends["success"], &other_extends["renewed"]), (200, &json!(false), &json!(0)), "{other_extends}");
+    assert_eq!(extend(OTHER).await.1["success"], true);
+    // Configure reaches the tenant's own queue only.
+    let (status, conf) = call("POST", "/api/v1/configure".into(), OTHER, Some(json!({"queue": "orders", "options": {"leaseTime": 77}}))).await;
+    assert_eq!((status, &conf["queue"]), (200, &json!("orders")), "{conf}");
+    assert_eq!(call("GET", "/api/v1/resources/queues/orders".into(), OTHER, None).await.1["options"]["leaseTime"], 77);
+    assert_ne!(call("GET", "/api/v1/resources/queues/orders".into(), DEFAULT, None).await.1["options"]["leaseTime"], 77);
     // A tenant's lookup of a name only another tenant has: 404.
     let (_, _) = call("POST", "/api/v1/push".into(), OTHER, Some(json!({"items": [{"queue": "only-other", "payload": 1}]}))).await;
     assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), DEFAULT, None).await.0, 404);

@@ -630,11 +630,28 @@ impl AckService {
     /// Renews every live lease of `lease_id` by `seconds` (never shortens,
     /// never revives): how many, and the earliest new expiry.
     pub async fn extend(&self, lease_id: &str, seconds: i32) -> Result<(i32, Option<DateTime<Utc>>), DbError> {
+        self.extend_at(lease_id, seconds, self.registry.partitions_of(lease_id)).await
+    }
+
+    /// [`AckService::extend`] on `pids` only (None: wherever the lease is live).
+    pub async fn extend_at(&self, lease_id: &str, seconds: i32, pids: Option<Vec<i64>>) -> Result<(i32, Option<DateTime<Utc>>), DbError> {
         let client = self.pool.get().await?;
-        let pids = self.registry.partitions_of(lease_id);
         let stmt = client.prepare_cached("SELECT * FROM queen.lease_extend_v1($1, $2, $3)").await?;
         let row = client.query_one(&stmt, &[&lease_id, &seconds, &pids]).await?;
         Ok((row.get(0), row.get(1)))
+    }
+
+    /// The partitions where `lease_id` is live: this broker's record of the
+    /// leases it gave, else the cursors that hold it.
+    pub async fn lease_partitions(&self, lease_id: &str) -> Result<Vec<i64>, DbError> {
+        if let Some(pids) = self.registry.partitions_of(lease_id) {
+            return Ok(pids);
+        }
+        let client = self.pool.get().await?;
+        let rows = client
+            .query("SELECT DISTINCT partition_id FROM queen.consumers WHERE worker_id = $1 AND lease_expires_at > clock_timestamp()", &[&lease_id])
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 }
 

@@ -387,6 +387,7 @@ pub async fn ack_batch(
 
 pub async fn extend_lease(
     State(state): State<AppState>,
+    tenant: Option<axum::Extension<Tenant>>,
     Path(lease_id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -404,7 +405,17 @@ pub async fn extend_lease(
     if lease_id.contains('\0') {
         return Err(ApiError::BadRequest(format!("leaseId: {NUL_REFUSED}")));
     }
-    let (renewed, expires) = state.ack.extend(&lease_id, seconds).await.map_err(ApiError::from)?;
+    let (renewed, expires) = if crate::tenancy::enabled(&state.config) {
+        // Only the tenant's own partitions: another tenant's lease renews
+        // nothing, as an unknown one.
+        let pids = state.ack.lease_partitions(&lease_id).await.map_err(ApiError::from)?;
+        let tenant = tenant.map(|t| t.0).unwrap_or_default();
+        let foreign = state.owners.foreign(&state.pool, tenant, &pids).await.map_err(|e| ApiError::from_db(&e))?;
+        let own: Vec<i64> = pids.into_iter().filter(|p| !foreign.contains(p)).collect();
+        state.ack.extend_at(&lease_id, seconds, Some(own)).await.map_err(ApiError::from)?
+    } else {
+        state.ack.extend(&lease_id, seconds).await.map_err(ApiError::from)?
+    };
     let at = expires.map(|t| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string());
     Ok(Json(json!({"leaseId": lease_id, "success": renewed > 0, "renewed": renewed,
                    "newExpiresAt": at, "expiresAt": at, "lease_expires_at": at})))

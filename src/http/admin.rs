@@ -25,9 +25,9 @@ fn queue_not_found() -> Response {
     (StatusCode::NOT_FOUND, Json(json!({"error": "Queue not found"}))).into_response()
 }
 
-pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn configure(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let v = super::body::optional_json(&state, &headers, body).await?.unwrap_or(Value::Null);
-    let req = match configure::parse(&v, state.coalescer.encryption().ring().is_some()) {
+    let mut req = match configure::parse(&v, state.coalescer.encryption().ring().is_some()) {
         Ok(r) => r,
         Err(refusal) => {
             let mut body = json!({"error": refusal.error});
@@ -37,7 +37,14 @@ pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: 
             return Ok(bad(body));
         }
     };
-    Ok(Json(state.configure(&req).await?).into_response())
+    if let Some(Extension(t)) = tenant {
+        req.queue = t.inner(&req.queue).into_owned();
+    }
+    let mut answer = state.configure(&req).await?;
+    if let Some(name) = answer["queue"].as_str().map(|n| crate::tenancy::shown(n).to_string()) {
+        answer["queue"] = Value::String(name);
+    }
+    Ok(Json(answer).into_response())
 }
 
 pub async fn list_queues(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
