@@ -153,6 +153,12 @@ enum Scenario {
         /// time-ordered v7 ids)
         #[arg(long, value_enum, default_value_t = Ids::Client)]
         ids: Ids,
+        /// Spread the requests over this many tenants (`x-queen-tenant`;
+        /// the broker needs QUEEN_TENANCY_HEADER and QUEEN_TRUSTED_PROXY):
+        /// request n goes to tenant n mod tenants, each tenant's queue of
+        /// the same name, as `--queues` spreads over queues
+        #[arg(long, default_value_t = 0, conflicts_with = "queues")]
+        tenants: usize,
     },
     /// Drain a pre-filled backlog: leased pops + ack/batch (or autoAck)
     Consume {
@@ -339,7 +345,7 @@ enum Scenario {
 async fn main() {
     let cli = Cli::parse();
     match cli.scenario {
-        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, queues, binary, dedup_window, encrypted, random_payload, ids } => {
+        Scenario::Push { batch, partitions, concurrency, duration, payload_size, queue, queues, binary, dedup_window, encrypted, random_payload, ids, tenants } => {
             let queue = queue.unwrap_or_else(|| format!("bench.push.{}", uuid::Uuid::now_v7().simple()));
             let mut options = serde_json::Map::new();
             if let Some(window) = dedup_window {
@@ -351,7 +357,7 @@ async fn main() {
             if !options.is_empty() {
                 configure_queue(&cli.url, &queue, options.into()).await;
             }
-            let how = PushKind { binary, dedup_window, encrypted, random_payload, ids, queues: queues.max(1) };
+            let how = PushKind { binary, dedup_window, encrypted, random_payload, ids, queues: queues.max(1), tenants };
             push(&cli.url, &queue, batch, partitions.max(1), concurrency.max(1), Duration::from_secs(duration), payload_size, how).await
         }
         Scenario::Wake { trials, park_ms, delayed_s, window_s, pop_url } => {
@@ -571,7 +577,7 @@ async fn push(
     payload_size: usize,
     how: PushKind,
 ) {
-    let PushKind { binary, dedup_window, encrypted, random_payload, ids, queues } = how;
+    let PushKind { binary, dedup_window, encrypted, random_payload, ids, queues, tenants } = how;
     let payloads = payload_pool(payload_size, random_payload);
     let started = Instant::now();
     let deadline = started + duration;
@@ -594,7 +600,10 @@ async fn push(
             let mut round = c;
             while Instant::now() < deadline {
                 let queue = queue_of(&base, queues, round);
-                let partition = format!("p{}", (round / queues) % partitions);
+                // Tenants spread the requests as queues do: tenant n mod tenants.
+                let spread = queues.max(tenants);
+                let tenant = (tenants > 0).then(|| uuid::Uuid::from_u128(0x1000 + (round % tenants) as u128).to_string());
+                let partition = format!("p{}", (round / spread) % partitions);
                 round += concurrency;
                 let payload = |k: usize| &payloads[(round * batch + k) % payloads.len()];
                 let (body, content_type) = if binary {
@@ -610,8 +619,11 @@ async fn push(
                     (serde_json::to_vec(&json!({ "items": items })).expect("serializable"), "application/json")
                 };
                 let t = Instant::now();
-                let r = client.post(&endpoint).header("content-type", content_type).body(body).send().await;
-                match r {
+                let mut req = client.post(&endpoint).header("content-type", content_type).body(body);
+                if let Some(t) = &tenant {
+                    req = req.header("x-queen-tenant", t);
+                }
+                match req.send().await {
                     Ok(r) if r.status().as_u16() == 201 => {
                         let _ = r.bytes().await;
                         sent += batch as u64;
@@ -662,6 +674,8 @@ struct PushKind {
     ids: Ids,
     /// Queues the requests are spread over (`push --queues`).
     queues: usize,
+    /// Tenants the requests are spread over (`push --tenants`; 0: none named).
+    tenants: usize,
 }
 
 /// The name of queue `i` of a run spread over `queues` queues: `base`

@@ -57,12 +57,21 @@ fn created_json(body: Vec<u8>) -> Response {
     (StatusCode::CREATED, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Moves items to the tenant's queues (`tenancy`): their stored names.
+/// Moves items to the tenant's queues (`tenancy`): their stored names,
+/// each distinct name mapped once (a request's items mostly share one).
 fn in_tenant(tenant: Option<axum::Extension<Tenant>>, items: &mut [push::PushItem<'_>]) {
-    if let Some(axum::Extension(t)) = tenant {
-        for item in items.iter_mut() {
-            item.queue = std::borrow::Cow::Owned(t.inner(&item.queue).into_owned());
-        }
+    let Some(axum::Extension(t)) = tenant else { return };
+    let mut last: Option<(String, String)> = None;
+    for item in items.iter_mut() {
+        let stored = match &last {
+            Some((given, stored)) if *given == *item.queue => stored.clone(),
+            _ => {
+                let stored = t.inner(&item.queue).into_owned();
+                last = Some((item.queue.to_string(), stored.clone()));
+                stored
+            }
+        };
+        item.queue = std::borrow::Cow::Owned(stored);
     }
 }
 
