@@ -116,8 +116,9 @@ pub fn broker_wide(path: &str) -> bool {
 }
 
 /// The routes whose data is kept per tenant so far: the push, the named
-/// pops, the acks, lease extension, configure, and the queue listing and
-/// lookup. Every other route
+/// pops, the acks, lease extension, configure, the queue listing, and the
+/// routes of one named queue (its lookup, depth and deletion, a group's
+/// cursors on it and their seeks). Every other route
 /// refuses tenants other than the default (see the module's doc).
 pub fn isolated(method: &Method, path: &str) -> bool {
     let get = method == Method::GET;
@@ -126,6 +127,13 @@ pub fn isolated(method: &Method, path: &str) -> bool {
         || (get && path.starts_with("/api/v1/pop/queue/"))
         || (get && path == "/api/v1/resources/queues")
         || (get && path.starts_with("/api/v1/resources/queues/") && path.matches('/').count() == 5)
+        // One queue named in the path: the depth, its deletion, a group's
+        // cursors on it and their seeks.
+        || (get && path.starts_with("/api/v1/resources/queues/") && path.ends_with("/depth") && path.matches('/').count() == 6)
+        || (method == Method::DELETE && path.starts_with("/api/v1/resources/queues/") && path.matches('/').count() == 5)
+        || (path.starts_with("/api/v1/consumer-groups/") && path.contains("/queues/")
+            && (method == Method::DELETE && path.matches('/').count() == 6
+                || method == Method::POST && path.ends_with("/seek") && matches!(path.matches('/').count(), 7 | 9)))
 }
 
 fn refuse(status: StatusCode, error: &str, code: &str) -> Response {
@@ -244,6 +252,35 @@ mod tests {
             assert_eq!(parse(bad), None, "{bad}");
         }
         assert!(RESERVED.contains(&parse("00000000-0000-0000-0000-00000000FFFD").unwrap()));
+    }
+
+    #[test]
+    fn the_isolated_routes_by_shape() {
+        let yes = [
+            (Method::POST, "/api/v1/push"),
+            (Method::GET, "/api/v1/pop/queue/q/partition/p"),
+            (Method::GET, "/api/v1/resources/queues/q"),
+            (Method::GET, "/api/v1/resources/queues/q/depth"),
+            (Method::DELETE, "/api/v1/resources/queues/q"),
+            (Method::DELETE, "/api/v1/consumer-groups/g/queues/q"),
+            (Method::POST, "/api/v1/consumer-groups/g/queues/q/seek"),
+            (Method::POST, "/api/v1/consumer-groups/g/queues/q/partitions/p/seek"),
+            (Method::POST, "/api/v1/lease/l/extend"),
+        ];
+        let no = [
+            (Method::GET, "/api/v1/pop"),
+            (Method::DELETE, "/api/v1/consumer-groups/g"),
+            (Method::GET, "/api/v1/consumer-groups/g"),
+            (Method::POST, "/api/v1/transaction"),
+            (Method::GET, "/api/v1/resources/queues/q/other/depth"),
+            (Method::GET, "/api/v1/messages"),
+        ];
+        for (m, p) in yes {
+            assert!(isolated(&m, p), "{m} {p}");
+        }
+        for (m, p) in no {
+            assert!(!isolated(&m, p), "{m} {p}");
+        }
     }
 
     #[test]

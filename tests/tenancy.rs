@@ -132,6 +132,7 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
         let url = format!("{}{}", b.url, path);
         let req = match method {
             "GET" => b.http.get(url),
+            "DELETE" => b.http.delete(url),
             _ => b.http.post(url).json(&body.unwrap_or(Value::Null)),
         };
         async move {
@@ -188,6 +189,17 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
     assert_eq!((status, &conf["queue"]), (200, &json!("orders")), "{conf}");
     assert_eq!(call("GET", "/api/v1/resources/queues/orders".into(), OTHER, None).await.1["options"]["leaseTime"], 77);
     assert_ne!(call("GET", "/api/v1/resources/queues/orders".into(), DEFAULT, None).await.1["options"]["leaseTime"], 77);
+    // The routes of one named queue act on the tenant's own.
+    let (status, depth) = call("GET", "/api/v1/resources/queues/orders/depth?group=g".into(), OTHER, None).await;
+    assert_eq!((status, &depth["queue"]), (200, &json!("orders")), "{depth}");
+    let (status, seek) = call("POST", "/api/v1/consumer-groups/g/queues/orders/seek".into(), third, Some(json!({"toEnd": true}))).await;
+    assert_eq!((status, &seek["queueName"], &seek["partitionsUpdated"]), (200, &json!("orders"), &json!(1)), "{seek}");
+    let (status, gone) = call("DELETE", "/api/v1/resources/queues/orders".into(), third, None).await;
+    assert_eq!((status, &gone["queue"], &gone["deleted"]), (200, &json!("orders"), &json!(true)), "{gone}");
+    assert_eq!(call("GET", "/api/v1/resources/queues/orders".into(), third, None).await.0, 404);
+    for tenant in [DEFAULT, OTHER] {
+        assert_eq!(call("GET", "/api/v1/resources/queues/orders".into(), tenant, None).await.0, 200, "{tenant} keeps its queue");
+    }
     // A tenant's lookup of a name only another tenant has: 404.
     let (_, _) = call("POST", "/api/v1/push".into(), OTHER, Some(json!({"items": [{"queue": "only-other", "payload": 1}]}))).await;
     assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), DEFAULT, None).await.0, 404);
@@ -203,8 +215,9 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     let t = |s: &str| uuid::Uuid::parse_str(s).unwrap();
-    // The third tenant's pop made its own (empty) `only-other`, as a pop does.
-    assert_eq!(tenants, vec![(t(DEFAULT), 1), (t(third), 2), (t(OTHER), 2)], "each queue carries its tenant");
+    // The third tenant deleted its `orders`; its pop made its own (empty)
+    // `only-other`, as a pop does.
+    assert_eq!(tenants, vec![(t(DEFAULT), 1), (t(third), 1), (t(OTHER), 2)], "each queue carries its tenant");
 }
 
 /// A database of the schema before 0039, holding a queue with messages,

@@ -37,14 +37,22 @@ pub async fn configure(State(state): State<AppState>, tenant: Option<Extension<T
             return Ok(bad(body));
         }
     };
-    if let Some(Extension(t)) = tenant {
-        req.queue = t.inner(&req.queue).into_owned();
-    }
+    req.queue = stored(tenant, &req.queue);
     let mut answer = state.configure(&req).await?;
-    if let Some(name) = answer["queue"].as_str().map(|n| crate::tenancy::shown(n).to_string()) {
-        answer["queue"] = Value::String(name);
-    }
+    show(&mut answer, "queue");
     Ok(Json(answer).into_response())
+}
+
+/// The stored name of the request's tenant's queue `name` (`tenancy`).
+fn stored(tenant: Option<Extension<Tenant>>, name: &str) -> String {
+    tenant.map(|t| t.0).unwrap_or_default().inner(name).into_owned()
+}
+
+/// `answer[field]`, a stored queue name, as its tenant knows it.
+fn show(answer: &mut Value, field: &str) {
+    if let Some(name) = answer[field].as_str().map(|n| crate::tenancy::shown(n).to_string()) {
+        answer[field] = Value::String(name);
+    }
 }
 
 pub async fn list_queues(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
@@ -56,23 +64,31 @@ pub async fn list_queues(State(state): State<AppState>, tenant: Option<Extension
 }
 
 pub async fn get_queue(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, Path(queue): Path<String>) -> Result<Response, ApiError> {
-    let queue = tenant.map(|t| t.0).unwrap_or_default().inner(&queue).into_owned();
-    Ok(match resources::get_queue(&state.pool, &queue).await? {
+    Ok(match resources::get_queue(&state.pool, &stored(tenant, &queue)).await? {
         Some(v) => Json(v).into_response(),
         None => queue_not_found(),
     })
 }
 
-pub async fn queue_depth(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn queue_depth(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    Path(queue): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let group = Params::parse(q)?.text("group").unwrap_or_else(|| QUEUE_MODE.to_string());
-    Ok(match resources::depth(&state.pool, &queue, &group).await? {
-        Some(v) => Json(v).into_response(),
+    Ok(match resources::depth(&state.pool, &stored(tenant, &queue), &group).await? {
+        Some(mut v) => {
+            show(&mut v, "queue");
+            Json(v).into_response()
+        }
         None => queue_not_found(),
     })
 }
 
-pub async fn delete_queue(State(state): State<AppState>, Path(queue): Path<String>) -> Result<Response, ApiError> {
-    let answer = state.delete_queue(&queue).await?;
+pub async fn delete_queue(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, Path(queue): Path<String>) -> Result<Response, ApiError> {
+    let mut answer = state.delete_queue(&stored(tenant, &queue)).await?;
+    show(&mut answer, "queue");
     Ok(Json(answer).into_response())
 }
 
@@ -116,10 +132,11 @@ pub async fn delete_group(State(state): State<AppState>, Path(group): Path<Strin
 
 pub async fn delete_group_for_queue(
     State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
     Path((group, queue)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (n, meta) = state.delete_group(&group, Some(&queue), delete_metadata(q)?).await?;
+    let (n, meta) = state.delete_group(&group, Some(&stored(tenant, &queue)), delete_metadata(q)?).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "queueName": queue, "deletedPartitions": n, "metadataDeleted": meta}))
         .into_response())
 }
@@ -142,7 +159,7 @@ async fn seek(state: &AppState, group: &str, queue: &str, partition: Option<&str
     };
     state.pop.hotlist.forget(Some(queue), Some(group));
     state.pop.wake.pushed(queue);
-    let mut answer = json!({"success": true, "consumerGroup": group, "queueName": queue, "partitionsUpdated": n});
+    let mut answer = json!({"success": true, "consumerGroup": group, "queueName": crate::tenancy::shown(queue), "partitionsUpdated": n});
     if let Some(p) = partition {
         answer["partition"] = json!(p);
     }
@@ -151,22 +168,24 @@ async fn seek(state: &AppState, group: &str, queue: &str, partition: Option<&str
 
 pub async fn seek_queue(
     State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
     Path((group, queue)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = super::body::optional_json(&state, &headers, body).await.unwrap_or(None);
-    seek(&state, &group, &queue, None, seek_target(body, None)).await
+    seek(&state, &group, &stored(tenant, &queue), None, seek_target(body, None)).await
 }
 
 pub async fn seek_partition(
     State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
     Path((group, queue, partition)): Path<(String, String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = super::body::optional_json(&state, &headers, body).await.unwrap_or(None);
-    seek(&state, &group, &queue, Some(&partition), seek_target(body, Some((true, None)))).await
+    seek(&state, &group, &stored(tenant, &queue), Some(&partition), seek_target(body, Some((true, None)))).await
 }
 
 pub async fn subscription(
