@@ -134,6 +134,9 @@ pub fn isolated(method: &Method, path: &str) -> bool {
         || (path.starts_with("/api/v1/consumer-groups/") && path.contains("/queues/")
             && (method == Method::DELETE && path.matches('/').count() == 6
                 || method == Method::POST && path.ends_with("/seek") && matches!(path.matches('/').count(), 7 | 9)))
+        // The consumer groups: listed, looked up and deleted on the tenant's queues.
+        || (get && (path == "/api/v1/consumer-groups" || path == "/api/v1/consumer-groups/lagging"))
+        || ((get || method == Method::DELETE) && path.starts_with("/api/v1/consumer-groups/") && path.matches('/').count() == 4)
 }
 
 fn refuse(status: StatusCode, error: &str, code: &str) -> Response {
@@ -266,11 +269,14 @@ mod tests {
             (Method::POST, "/api/v1/consumer-groups/g/queues/q/seek"),
             (Method::POST, "/api/v1/consumer-groups/g/queues/q/partitions/p/seek"),
             (Method::POST, "/api/v1/lease/l/extend"),
+            (Method::GET, "/api/v1/consumer-groups"),
+            (Method::GET, "/api/v1/consumer-groups/lagging"),
+            (Method::GET, "/api/v1/consumer-groups/g"),
+            (Method::DELETE, "/api/v1/consumer-groups/g"),
         ];
         let no = [
             (Method::GET, "/api/v1/pop"),
-            (Method::DELETE, "/api/v1/consumer-groups/g"),
-            (Method::GET, "/api/v1/consumer-groups/g"),
+            (Method::POST, "/api/v1/consumer-groups/g/subscription"),
             (Method::POST, "/api/v1/transaction"),
             (Method::GET, "/api/v1/resources/queues/q/other/depth"),
             (Method::GET, "/api/v1/messages"),

@@ -205,6 +205,17 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
     assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), DEFAULT, None).await.0, 404);
     assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), OTHER, None).await.0, 200);
     assert_eq!(call("GET", "/api/v1/pop/queue/only-other?batch=10&wait=false".into(), third, None).await.0, 204);
+    // Consumer groups: each tenant lists and deletes its own `g` only.
+    let (_, groups) = call("GET", "/api/v1/consumer-groups".into(), OTHER, None).await;
+    let g = groups.as_array().unwrap().iter().find(|g| g["name"] == "g").expect("OTHER's group g");
+    assert_eq!(g["queues"], json!(["orders"]), "{groups}");
+    let (_, one) = call("GET", "/api/v1/consumer-groups/g".into(), OTHER, None).await;
+    assert_eq!(one.as_object().unwrap().keys().collect::<Vec<_>>(), vec!["orders"], "{one}");
+    let (status, deleted) = call("DELETE", "/api/v1/consumer-groups/g".into(), DEFAULT, None).await;
+    assert_eq!((status, &deleted["deletedPartitions"]), (200, &json!(1)), "{deleted}");
+    let (_, after) = call("GET", "/api/v1/consumer-groups/g".into(), OTHER, None).await;
+    assert_eq!(after["orders"]["partitions"].as_array().map(Vec::len), Some(1), "OTHER's cursors stay: {after}");
+    assert_eq!(call("GET", "/api/v1/consumer-groups/g".into(), DEFAULT, None).await.1, json!({}));
     let tenants: Vec<(uuid::Uuid, i64)> = b
         .sql()
         .await

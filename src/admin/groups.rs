@@ -6,6 +6,7 @@
 //! unconsumed; `Lagging` when it does; `Dead` when it is lagging, holds no
 //! live lease and has not committed anything for an hour.
 
+use crate::tenancy::{shown, Tenant};
 use deadpool_postgres::Pool;
 use serde_json::{json, Value};
 
@@ -15,26 +16,29 @@ use crate::db::DbError;
 const LAG_SECONDS: &str = "EXTRACT(EPOCH FROM now() - oldest_unconsumed_at)::float8";
 
 /// `GET /api/v1/consumer-groups`
-pub async fn list(pool: &Pool) -> Result<Value, DbError> {
+pub async fn list(pool: &Pool, tenant: Tenant) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
             &format!(
-                "SELECT l.consumer_group, array_agg(DISTINCT l.queue_name ORDER BY l.queue_name),
+                "WITH mine AS (SELECT id FROM queen.queues WHERE tenant_id = $1),
+                      subs AS (SELECT s.* FROM queen.subscriptions s WHERE s.queue_id IN (SELECT id FROM mine))
+                 SELECT l.consumer_group, array_agg(DISTINCT l.queue_name ORDER BY l.queue_name),
                         count(*) FILTER (WHERE l.lease_active)::bigint, COALESCE(sum(l.offset_lag), 0)::bigint,
                         COALESCE(max({LAG_SECONDS}), 0), max(l.last_consumed_at),
-                        (SELECT s.subscription_mode FROM queen.subscriptions s WHERE s.consumer_group = l.consumer_group ORDER BY s.created_at LIMIT 1),
-                        (SELECT s.subscription_timestamp FROM queen.subscriptions s WHERE s.consumer_group = l.consumer_group ORDER BY s.created_at LIMIT 1),
-                        (SELECT min(s.created_at) FROM queen.subscriptions s WHERE s.consumer_group = l.consumer_group)
-                 FROM queen.cursor_lag l GROUP BY l.consumer_group ORDER BY l.consumer_group"
+                        (SELECT s.subscription_mode FROM subs s WHERE s.consumer_group = l.consumer_group ORDER BY s.created_at LIMIT 1),
+                        (SELECT s.subscription_timestamp FROM subs s WHERE s.consumer_group = l.consumer_group ORDER BY s.created_at LIMIT 1),
+                        (SELECT min(s.created_at) FROM subs s WHERE s.consumer_group = l.consumer_group)
+                 FROM queen.cursor_lag l WHERE l.queue_id IN (SELECT id FROM mine)
+                 GROUP BY l.consumer_group ORDER BY l.consumer_group"
             ),
-            &[],
+            &[&tenant.0],
         )
         .await?;
     let groups: Vec<Value> = rows
         .iter()
         .map(|r| {
-            let queues: Vec<String> = r.get(1);
+            let queues: Vec<&str> = r.get::<_, Vec<&str>>(1).into_iter().map(shown).collect();
             let members: i64 = r.get(2);
             let lag: i64 = r.get(3);
             let max_time_lag: f64 = r.get(4);
@@ -59,22 +63,23 @@ pub async fn list(pool: &Pool) -> Result<Value, DbError> {
 }
 
 /// `GET /api/v1/consumer-groups/{g}`: an object keyed by queue name.
-pub async fn get(pool: &Pool, group: &str) -> Result<Value, DbError> {
+pub async fn get(pool: &Pool, tenant: Tenant, group: &str) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
             &format!(
                 "SELECT queue_name, partition_name, worker_id, last_consumed_at, total_consumed, offset_lag,
                         COALESCE({LAG_SECONDS}, 0), COALESCE(lease_active, false), partition_id, committed
-                 FROM queen.cursor_lag WHERE consumer_group = $1 ORDER BY queue_name, partition_name"
+                 FROM queen.cursor_lag WHERE consumer_group = $1 AND queue_id IN (SELECT id FROM queen.queues WHERE tenant_id = $2)
+                 ORDER BY queue_name, partition_name"
             ),
-            &[&group],
+            &[&group, &tenant.0],
         )
         .await?;
     let mut out = serde_json::Map::new();
     for r in &rows {
         let entry = out
-            .entry(r.get::<_, String>(0))
+            .entry(shown(r.get(0)).to_string())
             .or_insert_with(|| json!({"conflation": false, "partitions": []}));
         entry["partitions"].as_array_mut().expect("partitions is an array").push(json!({
             "partition": r.get::<_, String>(1), "partitionId": r.get::<_, i64>(8).to_string(),
@@ -88,7 +93,7 @@ pub async fn get(pool: &Pool, group: &str) -> Result<Value, DbError> {
 }
 
 /// `GET /api/v1/consumer-groups/lagging?minLagSeconds=` (snake_case, as upstream).
-pub async fn lagging(pool: &Pool, min_lag_seconds: i64) -> Result<Value, DbError> {
+pub async fn lagging(pool: &Pool, tenant: Tenant, min_lag_seconds: i64) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let min = min_lag_seconds as f64;
     let rows = client
@@ -97,16 +102,17 @@ pub async fn lagging(pool: &Pool, min_lag_seconds: i64) -> Result<Value, DbError
                 "SELECT consumer_group, queue_name, partition_name, partition_id, worker_id, offset_lag,
                         {LAG_SECONDS}, oldest_unconsumed_at, last_consumed_at
                  FROM queen.cursor_lag WHERE offset_lag > 0 AND {LAG_SECONDS} >= $1
+                   AND queue_id IN (SELECT id FROM queen.queues WHERE tenant_id = $2)
                  ORDER BY {LAG_SECONDS} DESC"
             ),
-            &[&min],
+            &[&min, &tenant.0],
         )
         .await?;
     Ok(Value::Array(
         rows.iter()
             .map(|r| {
                 let secs: f64 = r.get(6);
-                json!({"consumer_group": r.get::<_, String>(0), "queue_name": r.get::<_, String>(1),
+                json!({"consumer_group": r.get::<_, String>(0), "queue_name": shown(r.get(1)),
                        "partition_name": r.get::<_, String>(2), "partition_id": r.get::<_, i64>(3).to_string(),
                        "worker_id": r.get::<_, Option<String>>(4), "offset_lag": r.get::<_, i64>(5),
                        "time_lag_seconds": secs.round() as i64, "lag_hours": (secs / 36.0).round() / 100.0,
@@ -120,30 +126,37 @@ pub async fn lagging(pool: &Pool, min_lag_seconds: i64) -> Result<Value, DbError
 /// Deletes a group's cursors (on one queue, or all), and with
 /// `delete_metadata` its subscription records: it re-consumes from its
 /// subscription point (or from scratch) next time.
-pub async fn delete(pool: &Pool, group: &str, queue: Option<&str>, delete_metadata: bool) -> Result<(u64, bool), DbError> {
+pub async fn delete(pool: &Pool, tenant: Tenant, group: &str, queue: Option<&str>, delete_metadata: bool) -> Result<(u64, bool), DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let n = delete_in(&tx, group, queue, delete_metadata).await?;
+    let n = delete_in(&tx, tenant, group, queue, delete_metadata).await?;
     tx.commit().await?;
     Ok((n, delete_metadata))
 }
 
 /// [`delete`] inside the caller's transaction (a stream registration that
-/// resets deletes its group with its state, all or nothing).
-pub async fn delete_in(tx: &impl deadpool_postgres::GenericClient, group: &str, queue: Option<&str>, delete_metadata: bool) -> Result<u64, DbError> {
+/// resets deletes its group with its state, all or nothing). Only the
+/// tenant's queues: a group's name is the tenant's own.
+pub async fn delete_in(
+    tx: &impl deadpool_postgres::GenericClient,
+    tenant: Tenant,
+    group: &str,
+    queue: Option<&str>,
+    delete_metadata: bool,
+) -> Result<u64, DbError> {
     let n = tx
         .execute(
             "DELETE FROM queen.consumers c USING queen.partitions p, queen.queues q
              WHERE p.id = c.partition_id AND q.id = p.queue_id AND c.consumer_group = $1
-               AND ($2::text IS NULL OR q.name = $2)",
-            &[&group, &queue],
+               AND ($2::text IS NULL OR q.name = $2) AND q.tenant_id = $3",
+            &[&group, &queue, &tenant.0],
         )
         .await?;
     // Per-(queue, group) rows of the group, on one queue or all.
-    let scope = "USING queen.queues q WHERE q.id = t.queue_id AND t.consumer_group = $1 AND ($2::text IS NULL OR q.name = $2)";
-    tx.execute(&format!("DELETE FROM queen.scan_watermarks t {scope}"), &[&group, &queue]).await?;
+    let scope = "USING queen.queues q WHERE q.id = t.queue_id AND t.consumer_group = $1 AND ($2::text IS NULL OR q.name = $2) AND q.tenant_id = $3";
+    tx.execute(&format!("DELETE FROM queen.scan_watermarks t {scope}"), &[&group, &queue, &tenant.0]).await?;
     if delete_metadata {
-        tx.execute(&format!("DELETE FROM queen.subscriptions t {scope}"), &[&group, &queue]).await?;
+        tx.execute(&format!("DELETE FROM queen.subscriptions t {scope}"), &[&group, &queue, &tenant.0]).await?;
     }
     Ok(n)
 }

@@ -45,7 +45,7 @@ pub async fn configure(State(state): State<AppState>, tenant: Option<Extension<T
 
 /// The stored name of the request's tenant's queue `name` (`tenancy`).
 fn stored(tenant: Option<Extension<Tenant>>, name: &str) -> String {
-    tenant.map(|t| t.0).unwrap_or_default().inner(name).into_owned()
+    tenant_of(tenant).inner(name).into_owned()
 }
 
 /// `answer[field]`, a stored queue name, as its tenant knows it.
@@ -58,8 +58,7 @@ fn show(answer: &mut Value, field: &str) {
 pub async fn list_queues(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
     let search = p.text("search");
-    let tenant = tenant.map(|t| t.0).unwrap_or_default();
-    let answer = resources::list_queues(&state.pool, tenant, search.as_deref(), p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
+    let answer = resources::list_queues(&state.pool, tenant_of(tenant), search.as_deref(), p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
     Ok(Json(answer).into_response())
 }
 
@@ -104,17 +103,22 @@ pub async fn tasks(State(state): State<AppState>) -> Result<Response, ApiError> 
     Ok(Json(resources::by_label(&state.pool, true).await?).into_response())
 }
 
-pub async fn list_groups(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(Json(groups::list(&state.pool).await?).into_response())
+/// The request's tenant (`tenancy`): the default when none was recorded.
+fn tenant_of(tenant: Option<Extension<Tenant>>) -> Tenant {
+    tenant.map(|t| t.0).unwrap_or_default()
 }
 
-pub async fn get_group(State(state): State<AppState>, Path(group): Path<String>) -> Result<Response, ApiError> {
-    Ok(Json(groups::get(&state.pool, &group).await?).into_response())
+pub async fn list_groups(State(state): State<AppState>, tenant: Option<Extension<Tenant>>) -> Result<Response, ApiError> {
+    Ok(Json(groups::list(&state.pool, tenant_of(tenant)).await?).into_response())
 }
 
-pub async fn lagging(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn get_group(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, Path(group): Path<String>) -> Result<Response, ApiError> {
+    Ok(Json(groups::get(&state.pool, tenant_of(tenant), &group).await?).into_response())
+}
+
+pub async fn lagging(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let min = Params::parse(q)?.int("minLagSeconds", 3600, 0, i64::MAX / 2)?;
-    Ok(Json(groups::lagging(&state.pool, min).await?).into_response())
+    Ok(Json(groups::lagging(&state.pool, tenant_of(tenant), min).await?).into_response())
 }
 
 fn delete_metadata(q: Option<String>) -> Result<bool, ApiError> {
@@ -125,8 +129,13 @@ fn delete_metadata(q: Option<String>) -> Result<bool, ApiError> {
     }
 }
 
-pub async fn delete_group(State(state): State<AppState>, Path(group): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let (n, meta) = state.delete_group(&group, None, delete_metadata(q)?).await?;
+pub async fn delete_group(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    Path(group): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let (n, meta) = state.delete_group(tenant_of(tenant), &group, None, delete_metadata(q)?).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "deletedPartitions": n, "metadataDeleted": meta})).into_response())
 }
 
@@ -136,7 +145,7 @@ pub async fn delete_group_for_queue(
     Path((group, queue)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (n, meta) = state.delete_group(&group, Some(&stored(tenant, &queue)), delete_metadata(q)?).await?;
+    let (n, meta) = state.delete_group(tenant_of(tenant), &group, Some(&stored(tenant, &queue)), delete_metadata(q)?).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "queueName": queue, "deletedPartitions": n, "metadataDeleted": meta}))
         .into_response())
 }

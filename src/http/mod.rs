@@ -172,8 +172,14 @@ impl AppState {
 
     /// Deletes a consumer group's cursors (on one queue or all) and forgets
     /// its hot-list rings; answers (cursors deleted, metadata deleted).
-    pub async fn delete_group(&self, group: &str, queue: Option<&str>, delete_metadata: bool) -> Result<(u64, bool), crate::db::DbError> {
-        let answer = crate::admin::groups::delete(&self.pool, group, queue, delete_metadata).await?;
+    pub async fn delete_group(
+        &self,
+        tenant: crate::tenancy::Tenant,
+        group: &str,
+        queue: Option<&str>,
+        delete_metadata: bool,
+    ) -> Result<(u64, bool), crate::db::DbError> {
+        let answer = crate::admin::groups::delete(&self.pool, tenant, group, queue, delete_metadata).await?;
         self.pop.hotlist.forget(queue, Some(group));
         Ok(answer)
     }

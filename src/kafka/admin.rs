@@ -262,7 +262,7 @@ pub async fn delete_groups(kafka: &Kafka, req: &DeleteGroupsRequest) -> DeleteGr
         } else if kafka.groups.has_members(&g.0) {
             NON_EMPTY_GROUP
         } else {
-            match kafka.state.delete_group(&g.0, None, true).await {
+            match kafka.state.delete_group(crate::tenancy::Tenant::default(), &g.0, None, true).await {
                 Ok((0, _)) => GROUP_ID_NOT_FOUND,
                 Ok(_) => 0,
                 Err(_) => KAFKA_STORAGE_ERROR,

@@ -45,7 +45,7 @@ pub async fn register(pool: &Pool, name: &str, source: &str, sink: Option<&str>,
         None => Registered::Ok { id: r.get(0), fresh: r.get(1), reset: r.get(2) },
     };
     if let Registered::Ok { reset: true, .. } = registered {
-        crate::admin::groups::delete_in(&tx, &default_group(name), Some(source), true).await?;
+        crate::admin::groups::delete_in(&tx, crate::tenancy::Tenant::default(), &default_group(name), Some(source), true).await?;
     }
     tx.commit().await?;
     Ok(registered)
