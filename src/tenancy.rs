@@ -20,9 +20,9 @@
 //! without knowing it; names are mapped in at the edge and shown without
 //! the prefix ([`shown`]), and an id a request names (a partition id in an
 //! ack) is checked against the tenant ([`Owners`]). Until a route family
-//! does that ([`isolated`]), a request of any other tenant than the default
-//! is refused on it (403 `tenant_unsupported`) rather than served from the
-//! default tenant's data; families join as they are built
+//! does that ([`isolated`]), it is refused whenever tenancy is on (403
+//! `tenant_unsupported`), for the default tenant too, since it would read
+//! or write across every tenant's queues; families join as they are built
 //! (docs/DECISIONS.md).
 
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -63,6 +63,12 @@ impl Tenant {
     /// (see [`MARK`]).
     pub fn inner<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
         if self.is_default() {
+            if name.starts_with(MARK) {
+                // Spelled like another tenant's stored name: mapped where no
+                // queue is (no route creates a queue whose name holds a
+                // control character), so it names nothing.
+                return std::borrow::Cow::Owned(format!("{MARK}{MARK}{name}"));
+            }
             std::borrow::Cow::Borrowed(name)
         } else {
             std::borrow::Cow::Owned(format!("{MARK}{}{MARK}{name}", self.0.hyphenated()))
@@ -188,10 +194,13 @@ pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option
     if RESERVED.contains(&tenant.0) {
         return Err(refuse(StatusCode::FORBIDDEN, "this tenant is reserved: no route acts on it", "reserved_tenant"));
     }
-    if !tenant.is_default() && !aware {
+    // A route not yet per tenant reads and writes across every tenant's
+    // queues, so with tenancy on it serves no one, the default tenant
+    // included (its listings would show the others' queues).
+    if !aware {
         return Err(refuse(
             StatusCode::FORBIDDEN,
-            "this route serves only the default tenant so far: its data is not kept per tenant yet",
+            "with tenancy on this route is not served yet: its data is not kept per tenant",
             "tenant_unsupported",
         ));
     }
@@ -301,5 +310,9 @@ mod tests {
         assert!(other.owns(&stored) && !third.owns(&stored) && !Tenant::default().owns(&stored));
         assert!(Tenant::default().owns("orders") && !other.owns("orders"));
         assert_eq!(shown("\u{1}short"), "\u{1}short", "not a prefix: shown as it is");
+        // The default tenant spelling another tenant's stored name reaches nothing of it.
+        let spelled = Tenant::default().inner(&stored).into_owned();
+        assert_ne!(spelled, stored);
+        assert!(!other.owns(&spelled) && !Tenant::default().owns(&spelled));
     }
 }

@@ -52,8 +52,12 @@ async fn the_header_chooses_the_tenant_and_what_it_cannot_serve_is_refused_and_c
     assert_eq!(queues(&b).await, 0, "no refused request created anything");
     // Another tenant, on a route whose data is not per tenant yet: refused,
     // not served from the default tenant's data.
-    let (status, body) = send(&b, "GET", "/api/v1/messages", Some(OTHER), None).await;
-    assert_eq!((status, &body["code"]), (403, &json!("tenant_unsupported")), "{body}");
+    // With tenancy on, a route whose data is not per tenant yet serves no
+    // one: it would read across every tenant's queues.
+    for t in [Some(OTHER), None, Some(DEFAULT)] {
+        let (status, body) = send(&b, "GET", "/api/v1/messages", t, None).await;
+        assert_eq!((status, &body["code"]), (403, &json!("tenant_unsupported")), "{t:?}: {body}");
+    }
     // No header, a blank one, or the default tenant named: served.
     for t in [None, Some(" "), Some(DEFAULT), Some("00000000-0000-0000-0000-000000000001 ")] {
         assert_eq!(send(&b, "POST", "/api/v1/push", t, None).await.0, 201, "{t:?}");
@@ -204,6 +208,11 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
     let (_, _) = call("POST", "/api/v1/push".into(), OTHER, Some(json!({"items": [{"queue": "only-other", "payload": 1}]}))).await;
     assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), DEFAULT, None).await.0, 404);
     assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), OTHER, None).await.0, 200);
+    // Spelling another tenant's stored name reaches nothing of it.
+    let spelled = format!("/api/v1/resources/queues/%01{OTHER}%01only-other");
+    assert_eq!(call("GET", spelled.clone(), DEFAULT, None).await.0, 404);
+    assert_eq!(call("DELETE", spelled, DEFAULT, None).await.1["existed"], false);
+    assert_eq!(call("GET", "/api/v1/resources/queues/only-other".into(), OTHER, None).await.0, 200, "still there");
     assert_eq!(call("GET", "/api/v1/pop/queue/only-other?batch=10&wait=false".into(), third, None).await.0, 204);
     // Consumer groups: each tenant lists and deletes its own `g` only.
     let (_, groups) = call("GET", "/api/v1/consumer-groups".into(), OTHER, None).await;
