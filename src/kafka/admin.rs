@@ -155,10 +155,11 @@ async fn stored_groups(pool: &deadpool_postgres::Pool, only: Option<&[String]>) 
     let client = pool.get().await?;
     let rows = client
         .query(
-            "SELECT DISTINCT consumer_group FROM queen.consumers
-             WHERE consumer_group NOT LIKE '\\_\\_%' AND ($1::text[] IS NULL OR consumer_group = ANY($1))
+            "SELECT DISTINCT c.consumer_group FROM queen.consumers c
+             JOIN queen.partitions p ON p.id = c.partition_id JOIN queen.queues q ON q.id = p.queue_id
+             WHERE c.consumer_group NOT LIKE '\\_\\_%' AND ($1::text[] IS NULL OR c.consumer_group = ANY($1)) AND q.tenant_id = $2
              ORDER BY 1",
-            &[&only],
+            &[&only, &crate::tenancy::Tenant::default().0],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())

@@ -12,6 +12,11 @@
 //! has, the classic group membership protocol, lives in [`groups`], in
 //! memory, as Kafka's own group coordinator keeps it.
 //!
+//! The listener serves the default tenant (`tenancy`): its Metadata, group
+//! listing and offset reads see only that tenant's queues, and a topic
+//! name (letters, digits, `.`, `_`, `-`) can never spell another tenant's
+//! stored name. SASL users mapped to tenants are to come (issue 49).
+//!
 //! One task per connection reads a frame, answers it, and reads the next:
 //! Kafka clients pipeline requests and expect the answers in order, so a
 //! connection is served in order. Request and response schemas are the

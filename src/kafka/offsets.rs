@@ -167,9 +167,9 @@ async fn read(pool: &Pool, group: &str) -> Result<Vec<(String, i32, i64)>, DbErr
             "SELECT q.name, p.name::int, c.committed + 1
              FROM queen.consumers c JOIN queen.partitions p ON p.id = c.partition_id
              JOIN queen.queues q ON q.id = p.queue_id
-             WHERE c.consumer_group = $1 AND p.name ~ '^(0|[1-9][0-9]{0,8})$'
+             WHERE c.consumer_group = $1 AND p.name ~ '^(0|[1-9][0-9]{0,8})$' AND q.tenant_id = $2
              ORDER BY q.name, p.name::int",
-            &[&group],
+            &[&group, &crate::tenancy::Tenant::default().0],
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())

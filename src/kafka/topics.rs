@@ -37,9 +37,9 @@ pub async fn widths(pool: &Pool, names: Option<&[String]>, floor: i32) -> Result
             "SELECT q.name, GREATEST(COALESCE((SELECT k.partitions FROM queen.kafka_topics k WHERE k.queue_id = q.id), $2),
                     COALESCE(max(CASE WHEN p.name ~ '^(0|[1-9][0-9]{0,8})$' THEN p.name::int END), -1) + 1)
              FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
-             WHERE $1::text[] IS NULL OR q.name = ANY($1)
+             WHERE ($1::text[] IS NULL OR q.name = ANY($1)) AND q.tenant_id = $3
              GROUP BY q.id, q.name ORDER BY q.name",
-            &[&names, &floor],
+            &[&names, &floor, &crate::tenancy::Tenant::default().0],
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i32>(1))).collect())

@@ -111,3 +111,35 @@ def test_retention_ms_is_the_queues_retention_and_compaction_is_refused(broker):
         admin.incremental_alter_configs([compact])[compact].result(timeout=30)
     assert refused.value.args[0].name() == "INVALID_CONFIG"
     assert configs()["retention.ms"] == "86400000", "a refused alter changes nothing"
+
+
+@pytest.mark.broker_env({"QUEEN_TENANCY_HEADER": "true", "QUEEN_TRUSTED_PROXY": "true"})
+def test_with_tenancy_on_the_listener_serves_the_default_tenant_only(broker):
+    """Another tenant's queues and groups are not in Metadata or ListGroups,
+    and a topic of the same name is the default tenant's own."""
+    def push(queue, tenant=None):
+        headers = {"content-type": "application/json"}
+        if tenant:
+            headers["x-queen-tenant"] = tenant
+        req = urllib.request.Request(broker.url + "/api/v1/push", method="POST", headers=headers,
+                                     data=json.dumps({"items": [{"queue": queue, "partition": "0", "payload": {"t": tenant}}]}).encode())
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 201
+    other = "6f1c2a34-0000-4000-8000-00000000abcd"
+    push("hidden", other)
+    push("both", other)
+    push("both")
+    pop = urllib.request.Request(broker.url + "/api/v1/pop/queue/both?consumerGroup=theirs&batch=1&autoAck=true",
+                                 headers={"x-queen-tenant": other})
+    with urllib.request.urlopen(pop, timeout=30) as r:
+        assert r.status == 200
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topics = admin.list_topics(timeout=10).topics
+    assert "both" in topics and "hidden" not in topics and not any("\x01" in t for t in topics), sorted(topics)
+    groups = admin.list_consumer_groups().result(timeout=30).valid
+    assert "theirs" not in {g.group_id for g in groups}
+    c = consumer(broker, "mine")
+    c.assign([TopicPartition("both", 0, 0)])
+    msg = wait_for(lambda: c.poll(0.5), 30, "the default tenant's record")
+    assert json.loads(msg.value()) == {"t": None}, msg.value()
+    c.close()
