@@ -217,6 +217,11 @@ enum Scenario {
         /// with), to bring its cursors to the end of a queue first
         #[arg(long, default_value = "bench", value_parser = ["bench", "e2e"])]
         group: String,
+        /// Spread the backlog over this many tenants' queues of the same
+        /// name (`x-queen-tenant`; the broker needs QUEEN_TENANCY_HEADER and
+        /// QUEEN_TRUSTED_PROXY), as `--queues` spreads it over queues
+        #[arg(long, default_value_t = 0, conflicts_with_all = ["encrypted", "queues", "queue"])]
+        tenants: usize,
     },
     /// Read one partition of a pre-filled backlog by offset (`POST
     /// /api/v1/fetch`, no lease), then drain the same partition with leased
@@ -383,7 +388,10 @@ async fn main() {
                 prefill(&cli.url, &plain_queue, messages, partitions, 1, payload_pool(100, false)).await;
                 println!("prefilled {messages} messages for the plain consume");
                 let started = Instant::now();
-                let how = Drain { queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1, group: "bench" };
+                let how = Drain {
+                    queue: plain_queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1,
+                    group: "bench", tenants: 0,
+                };
                 consume(&cli.url, messages, partitions, batch, 1, workers, how, limit, 100).await;
                 plain = Some(messages as f64 / started.elapsed().as_secs_f64());
             }
@@ -399,7 +407,10 @@ async fn main() {
             coordination::timers(&cli.url, count.max(1), Duration::from_secs(start), Duration::from_secs(spread), concurrency.max(1)).await
         }
         Scenario::Idle { consumers, duration } => idle(&cli.url, consumers.max(1), Duration::from_secs(duration)).await,
-        Scenario::Consume { messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait, queues, queue, group } => {
+        Scenario::Consume {
+            messages, partitions, batch, pop_partitions, concurrency, auto_ack, frames, duration, payload_size, encrypted, random_payload, trace, wait, queues,
+            queue, group, tenants,
+        } => {
             assert!(!(encrypted && queues > 1), "--encrypted configures one queue; use it without --queues");
             let mode = match (auto_ack, frames) {
                 (_, true) => Mode::Frames,
@@ -412,7 +423,7 @@ async fn main() {
                 configure_queue(&cli.url, &queue, json!({"encryptionEnabled": true})).await;
             }
             let group: &'static str = if group == "e2e" { "e2e" } else { "bench" };
-            let how = Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues: queues.max(1), group };
+            let how = Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues: queues.max(1), group, tenants };
             consume(&cli.url, messages, partitions.max(1), batch, pop_partitions, concurrency.max(1), how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fetch { messages, max_bytes, payload_size, duration } => {
@@ -421,7 +432,10 @@ async fn main() {
             prefill(&cli.url, &queue, messages, 1, 1, payload_pool(payload_size, false)).await;
             println!("prefilled {messages} messages into one partition in {:.1}s", filled.elapsed().as_secs_f64());
             fetch_all(&cli.url, &queue, messages, max_bytes, Duration::from_secs(duration)).await;
-            let how = Drain { queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1, group: "bench" };
+            let how = Drain {
+                queue, mode: Mode::Leased, encrypted: false, random_payload: false, prefilled: true, trace: false, wait: false, queues: 1, group: "bench",
+                tenants: 0,
+            };
             consume(&cli.url, messages, 1, 500, 1, 1, how, Duration::from_secs(duration), payload_size).await
         }
         Scenario::Fanout { messages, batch, partitions, producers, groups, consumers, duration, payload_size, rate } => {
@@ -731,6 +745,42 @@ struct Drain {
     queues: usize,
     /// The consumer group that drains it.
     group: &'static str,
+    /// Tenants the backlog is spread over (`consume --tenants`; 0: none named).
+    tenants: usize,
+}
+
+/// Tenant `i` of a run spread over tenants (`--tenants`): neither the
+/// default tenant nor a reserved one.
+fn bench_tenant(i: usize) -> String {
+    uuid::Uuid::from_u128(0x1000 + i as u128).to_string()
+}
+
+/// [`prefill`] over `tenants` tenants' queues named `queue`: each tenant's
+/// share pushed in requests of its own (a request is one tenant's).
+async fn prefill_tenants(url: &str, queue: &str, messages: usize, partitions: usize, tenants: usize, payloads: std::sync::Arc<Vec<String>>) {
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let (client, url, queue, payloads) = (client.clone(), url.to_string(), queue.to_string(), payloads.clone());
+        tasks.push(tokio::spawn(async move {
+            for t in (worker..tenants).step_by(8) {
+                // A partition's share in requests of its own, as `prefill`
+                // sends a slot's: the segments are as large.
+                let share = messages / tenants + usize::from(t < messages % tenants);
+                for p in 0..partitions {
+                    let n = share / partitions + usize::from(p < share % partitions);
+                    let items: Vec<_> = (0..n).map(|k| json!({"queue": queue, "partition": format!("p{p}"), "payload": payloads[k % payloads.len()]})).collect();
+                    for chunk in items.chunks(1000) {
+                        let r = client.post(format!("{url}/api/v1/push")).header("x-queen-tenant", bench_tenant(t)).json(&json!({ "items": chunk })).send().await;
+                        assert!(matches!(r, Ok(ref r) if r.status().as_u16() == 201), "prefill push failed");
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("prefill worker");
+    }
 }
 
 /// Pushes `messages` spread evenly over `partitions` partitions of `queue`,
@@ -830,10 +880,14 @@ fn count_framed(body: &[u8]) -> usize {
 
 #[allow(clippy::too_many_arguments)]
 async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, pop_partitions: usize, concurrency: usize, how: Drain, limit: Duration, payload_size: usize) {
-    let Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues, group } = how;
+    let Drain { queue, mode, encrypted, random_payload, prefilled, trace, wait, queues, group, tenants } = how;
     if !prefilled {
         let filled = Instant::now();
-        prefill(url, &queue, messages, partitions, queues, payload_pool(payload_size, random_payload)).await;
+        if tenants > 0 {
+            prefill_tenants(url, &queue, messages, partitions, tenants, payload_pool(payload_size, random_payload)).await;
+        } else {
+            prefill(url, &queue, messages, partitions, queues, payload_pool(payload_size, random_payload)).await;
+        }
         println!("prefilled {messages} messages in {:.1}s", filled.elapsed().as_secs_f64());
     }
     let consumed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -847,24 +901,31 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
             let auto_ack = mode != Mode::Leased;
             let frames = if mode == Mode::Frames { "&frames=true" } else { "" };
             let wait = if wait { "&wait=true&timeout=1000" } else { "" };
-            // Over several queues, consumer c pops queues c, c + concurrency,
-            // … in turn, one pop each (all of them, in turn, when there are
-            // fewer queues than consumers).
+            // Over several queues (or tenants), consumer c pops queues c, c +
+            // concurrency, … in turn, one pop each (all of them, in turn,
+            // when there are fewer queues than consumers).
+            let slots = queues.max(tenants);
             let mine: Vec<usize> =
-                if queues > concurrency { (c..queues).step_by(concurrency).collect() } else { (0..queues).map(|q| (q + c) % queues).collect() };
-            let pops: Vec<String> = mine
+                if slots > concurrency { (c..slots).step_by(concurrency).collect() } else { (0..slots).map(|q| (q + c) % slots).collect() };
+            let pops: Vec<(String, Option<String>)> = mine
                 .iter()
                 .map(|&q| {
-                    let queue = queue_of(&base, queues, q);
-                    format!("{url}/api/v1/pop/queue/{queue}?batch={batch}&partitions={pop_partitions}&consumerGroup={group}&autoAck={auto_ack}{frames}{wait}")
+                    let (queue, tenant) = if tenants > 0 { (base.clone(), Some(bench_tenant(q))) } else { (queue_of(&base, queues, q), None) };
+                    let query = format!("batch={batch}&partitions={pop_partitions}&consumerGroup={group}&autoAck={auto_ack}{frames}{wait}");
+                    (format!("{url}/api/v1/pop/queue/{queue}?{query}"), tenant)
                 })
                 .collect();
             let mut turn = 0usize;
             let mut first = None;
             while consumed.load(std::sync::atomic::Ordering::Relaxed) < messages && Instant::now() < deadline {
-                let pop = &pops[turn % pops.len()];
+                let (pop, tenant) = &pops[turn % pops.len()];
                 turn += 1;
-                let Ok(r) = client.get(pop).send().await else { continue };
+                // The tenant of this pop, on it and on its ack (`--tenants`).
+                let in_tenant = |req: reqwest::RequestBuilder| match tenant {
+                    Some(t) => req.header("x-queen-tenant", t),
+                    None => req,
+                };
+                let Ok(r) = in_tenant(client.get(pop)).send().await else { continue };
                 if r.status().as_u16() != 200 {
                     // Nothing there: back off, once per round of its queues.
                     if turn % pops.len() == 0 {
@@ -889,8 +950,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                     }
                 }
                 if !auto_ack {
-                    let _ = client
-                        .post(format!("{url}/api/v1/ack/batch"))
+                    let _ = in_tenant(client.post(format!("{url}/api/v1/ack/batch")))
                         .header("content-type", "application/json")
                         .body(ack_body(&answer, group))
                         .send()
