@@ -58,6 +58,11 @@ impl Tenant {
         *self == Tenant::default()
     }
 
+    /// [`Tenant::inner`], owned.
+    pub fn stored(&self, name: &str) -> String {
+        self.inner(name).into_owned()
+    }
+
     /// The stored name of this tenant's queue `name`: the name itself for
     /// the default tenant, else the name behind the tenant's prefix
     /// (see [`MARK`]).
@@ -89,6 +94,16 @@ pub fn shown(stored: &str) -> &str {
     match stored.strip_prefix(MARK) {
         Some(rest) if rest.len() > 37 && rest.as_bytes()[36] == MARK as u8 => &rest[37..],
         _ => stored,
+    }
+}
+
+/// A handler names its tenant by taking a `Tenant`: the one the front door
+/// recorded, else the default (which it never records).
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Tenant>().copied().unwrap_or_default())
     }
 }
 
@@ -215,26 +230,37 @@ impl Owners {
     /// Which of `ids` belong to another tenant than `tenant` (an id no
     /// partition has is not among them: it is unknown to every tenant).
     pub async fn foreign(&self, pool: &deadpool_postgres::Pool, tenant: Tenant, ids: &[i64]) -> Result<Vec<i64>, crate::db::DbError> {
+        let mut foreign = Vec::new();
         let missing: Vec<i64> = {
             let known = self.known.lock().expect("owners lock");
-            ids.iter().copied().filter(|id| !known.contains_key(id)).collect()
-        };
-        if !missing.is_empty() {
-            let client = pool.get().await?;
-            let rows = client
-                .query(
-                    "SELECT p.id, q.tenant_id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = ANY ($1)",
-                    &[&missing],
-                )
-                .await?;
-            let mut known = self.known.lock().expect("owners lock");
-            if known.len() + rows.len() > OWNERS_KEPT {
-                known.clear();
+            let mut missing = Vec::new();
+            for &id in ids {
+                match known.get(&id) {
+                    Some(t) if *t != tenant.0 => foreign.push(id),
+                    Some(_) => {}
+                    None => missing.push(id),
+                }
             }
-            known.extend(rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, Uuid>(1))));
+            missing
+        };
+        if missing.is_empty() {
+            return Ok(foreign);
         }
-        let known = self.known.lock().expect("owners lock");
-        Ok(ids.iter().copied().filter(|id| known.get(id).is_some_and(|t| *t != tenant.0)).collect())
+        let client = pool.get().await?;
+        let rows = client
+            .query(
+                "SELECT p.id, q.tenant_id FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = ANY ($1)",
+                &[&missing],
+            )
+            .await?;
+        let found: Vec<(i64, Uuid)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        foreign.extend(found.iter().filter(|(_, t)| *t != tenant.0).map(|(id, _)| *id));
+        let mut known = self.known.lock().expect("owners lock");
+        if known.len() + found.len() > OWNERS_KEPT {
+            known.clear();
+        }
+        known.extend(found);
+        Ok(foreign)
     }
 }
 

@@ -275,25 +275,27 @@ pub(super) fn wake_after(state: &AppState, released: &[Released]) {
     }
 }
 
-/// Applies valid acknowledgements (none: nothing to do), counts them and
-/// wakes the queues whose leases they released.
 /// The partition id an ack of another tenant's partition is sent on with:
 /// no partition has it, so the ack answers as one naming an unknown
 /// partition does, and a foreign id never shows that it exists.
 const NO_PARTITION: &str = "0";
 
-async fn apply(state: &AppState, tenant: Option<axum::Extension<Tenant>>, items: &[AckItem]) -> Result<Vec<AckOutcome>, ApiError> {
+/// Applies valid acknowledgements (none: nothing to do), counts them and
+/// wakes the queues whose leases they released.
+async fn apply(state: &AppState, tenant: Tenant, items: &[AckItem]) -> Result<Vec<AckOutcome>, ApiError> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
     let mut owned = std::borrow::Cow::Borrowed(items);
     if crate::tenancy::enabled(&state.config) {
-        let tenant = tenant.map(|t| t.0).unwrap_or_default();
-        let ids: Vec<i64> = items.iter().filter_map(|i| i.partition_id.parse().ok()).collect();
-        let foreign = state.owners.foreign(&state.pool, tenant, &ids).await.map_err(|e| ApiError::from_db(&e))?;
+        let ids: Vec<Option<i64>> = items.iter().map(|i| i.partition_id.parse().ok()).collect();
+        let named: Vec<i64> = ids.iter().flatten().copied().collect();
+        let foreign = state.owners.foreign(&state.pool, tenant, &named).await.map_err(|e| ApiError::from_db(&e))?;
         if !foreign.is_empty() {
-            for item in owned.to_mut().iter_mut().filter(|i| i.partition_id.parse().is_ok_and(|id: i64| foreign.contains(&id))) {
-                item.partition_id = NO_PARTITION.to_string();
+            for (item, id) in owned.to_mut().iter_mut().zip(&ids) {
+                if id.is_some_and(|id| foreign.contains(&id)) {
+                    item.partition_id = NO_PARTITION.to_string();
+                }
             }
         }
     }
@@ -305,7 +307,7 @@ async fn apply(state: &AppState, tenant: Option<axum::Extension<Tenant>>, items:
 
 pub async fn ack_one(
     State(state): State<AppState>,
-    tenant: Option<axum::Extension<Tenant>>,
+    tenant: Tenant,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -320,7 +322,7 @@ pub async fn ack_one(
 
 pub async fn ack_batch(
     State(state): State<AppState>,
-    tenant: Option<axum::Extension<Tenant>>,
+    tenant: Tenant,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -387,7 +389,7 @@ pub async fn ack_batch(
 
 pub async fn extend_lease(
     State(state): State<AppState>,
-    tenant: Option<axum::Extension<Tenant>>,
+    tenant: Tenant,
     Path(lease_id): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -409,7 +411,6 @@ pub async fn extend_lease(
         // Only the tenant's own partitions: another tenant's lease renews
         // nothing, as an unknown one.
         let pids = state.ack.lease_partitions(&lease_id).await.map_err(ApiError::from)?;
-        let tenant = tenant.map(|t| t.0).unwrap_or_default();
         let foreign = state.owners.foreign(&state.pool, tenant, &pids).await.map_err(|e| ApiError::from_db(&e))?;
         let own: Vec<i64> = pids.into_iter().filter(|p| !foreign.contains(p)).collect();
         state.ack.extend_at(&lease_id, seconds, Some(own)).await.map_err(ApiError::from)?

@@ -1,7 +1,6 @@
 //! The operator routes (API.md §1.2 rows 9–24, §2.6, §2.7): configure, queue
 //! resources, consumer groups and seek.
 
-use axum::Extension;
 use crate::tenancy::Tenant;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
@@ -25,7 +24,7 @@ fn queue_not_found() -> Response {
     (StatusCode::NOT_FOUND, Json(json!({"error": "Queue not found"}))).into_response()
 }
 
-pub async fn configure(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn configure(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let v = super::body::optional_json(&state, &headers, body).await?.unwrap_or(Value::Null);
     let mut req = match configure::parse(&v, state.coalescer.encryption().ring().is_some()) {
         Ok(r) => r,
@@ -37,15 +36,10 @@ pub async fn configure(State(state): State<AppState>, tenant: Option<Extension<T
             return Ok(bad(body));
         }
     };
-    req.queue = stored(tenant, &req.queue);
+    req.queue = tenant.stored(&req.queue);
     let mut answer = state.configure(&req).await?;
     show(&mut answer, "queue");
     Ok(Json(answer).into_response())
-}
-
-/// The stored name of the request's tenant's queue `name` (`tenancy`).
-fn stored(tenant: Option<Extension<Tenant>>, name: &str) -> String {
-    tenant_of(tenant).inner(name).into_owned()
 }
 
 /// `answer[field]`, a stored queue name, as its tenant knows it.
@@ -55,15 +49,15 @@ fn show(answer: &mut Value, field: &str) {
     }
 }
 
-pub async fn list_queues(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn list_queues(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
     let search = p.text("search");
-    let answer = resources::list_queues(&state.pool, tenant_of(tenant), search.as_deref(), p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
+    let answer = resources::list_queues(&state.pool, tenant, search.as_deref(), p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
     Ok(Json(answer).into_response())
 }
 
-pub async fn get_queue(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, Path(queue): Path<String>) -> Result<Response, ApiError> {
-    Ok(match resources::get_queue(&state.pool, &stored(tenant, &queue)).await? {
+pub async fn get_queue(State(state): State<AppState>, tenant: Tenant, Path(queue): Path<String>) -> Result<Response, ApiError> {
+    Ok(match resources::get_queue(&state.pool, &tenant.stored(&queue)).await? {
         Some(v) => Json(v).into_response(),
         None => queue_not_found(),
     })
@@ -71,12 +65,12 @@ pub async fn get_queue(State(state): State<AppState>, tenant: Option<Extension<T
 
 pub async fn queue_depth(
     State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
+    tenant: Tenant,
     Path(queue): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let group = Params::parse(q)?.text("group").unwrap_or_else(|| QUEUE_MODE.to_string());
-    Ok(match resources::depth(&state.pool, &stored(tenant, &queue), &group).await? {
+    Ok(match resources::depth(&state.pool, &tenant.stored(&queue), &group).await? {
         Some(mut v) => {
             show(&mut v, "queue");
             Json(v).into_response()
@@ -85,8 +79,8 @@ pub async fn queue_depth(
     })
 }
 
-pub async fn delete_queue(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, Path(queue): Path<String>) -> Result<Response, ApiError> {
-    let mut answer = state.delete_queue(&stored(tenant, &queue)).await?;
+pub async fn delete_queue(State(state): State<AppState>, tenant: Tenant, Path(queue): Path<String>) -> Result<Response, ApiError> {
+    let mut answer = state.delete_queue(&tenant.stored(&queue)).await?;
     show(&mut answer, "queue");
     Ok(Json(answer).into_response())
 }
@@ -103,22 +97,17 @@ pub async fn tasks(State(state): State<AppState>) -> Result<Response, ApiError> 
     Ok(Json(resources::by_label(&state.pool, true).await?).into_response())
 }
 
-/// The request's tenant (`tenancy`): the default when none was recorded.
-fn tenant_of(tenant: Option<Extension<Tenant>>) -> Tenant {
-    tenant.map(|t| t.0).unwrap_or_default()
+pub async fn list_groups(State(state): State<AppState>, tenant: Tenant) -> Result<Response, ApiError> {
+    Ok(Json(groups::list(&state.pool, tenant).await?).into_response())
 }
 
-pub async fn list_groups(State(state): State<AppState>, tenant: Option<Extension<Tenant>>) -> Result<Response, ApiError> {
-    Ok(Json(groups::list(&state.pool, tenant_of(tenant)).await?).into_response())
+pub async fn get_group(State(state): State<AppState>, tenant: Tenant, Path(group): Path<String>) -> Result<Response, ApiError> {
+    Ok(Json(groups::get(&state.pool, tenant, &group).await?).into_response())
 }
 
-pub async fn get_group(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, Path(group): Path<String>) -> Result<Response, ApiError> {
-    Ok(Json(groups::get(&state.pool, tenant_of(tenant), &group).await?).into_response())
-}
-
-pub async fn lagging(State(state): State<AppState>, tenant: Option<Extension<Tenant>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn lagging(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let min = Params::parse(q)?.int("minLagSeconds", 3600, 0, i64::MAX / 2)?;
-    Ok(Json(groups::lagging(&state.pool, tenant_of(tenant), min).await?).into_response())
+    Ok(Json(groups::lagging(&state.pool, tenant, min).await?).into_response())
 }
 
 fn delete_metadata(q: Option<String>) -> Result<bool, ApiError> {
@@ -131,21 +120,21 @@ fn delete_metadata(q: Option<String>) -> Result<bool, ApiError> {
 
 pub async fn delete_group(
     State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
+    tenant: Tenant,
     Path(group): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (n, meta) = state.delete_group(tenant_of(tenant), &group, None, delete_metadata(q)?).await?;
+    let (n, meta) = state.delete_group(tenant, &group, None, delete_metadata(q)?).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "deletedPartitions": n, "metadataDeleted": meta})).into_response())
 }
 
 pub async fn delete_group_for_queue(
     State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
+    tenant: Tenant,
     Path((group, queue)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (n, meta) = state.delete_group(tenant_of(tenant), &group, Some(&stored(tenant, &queue)), delete_metadata(q)?).await?;
+    let (n, meta) = state.delete_group(tenant, &group, Some(&tenant.stored(&queue)), delete_metadata(q)?).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "queueName": queue, "deletedPartitions": n, "metadataDeleted": meta}))
         .into_response())
 }
@@ -177,24 +166,24 @@ async fn seek(state: &AppState, group: &str, queue: &str, partition: Option<&str
 
 pub async fn seek_queue(
     State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
+    tenant: Tenant,
     Path((group, queue)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = super::body::optional_json(&state, &headers, body).await.unwrap_or(None);
-    seek(&state, &group, &stored(tenant, &queue), None, seek_target(body, None)).await
+    seek(&state, &group, &tenant.stored(&queue), None, seek_target(body, None)).await
 }
 
 pub async fn seek_partition(
     State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
+    tenant: Tenant,
     Path((group, queue, partition)): Path<(String, String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = super::body::optional_json(&state, &headers, body).await.unwrap_or(None);
-    seek(&state, &group, &stored(tenant, &queue), Some(&partition), seek_target(body, Some((true, None)))).await
+    seek(&state, &group, &tenant.stored(&queue), Some(&partition), seek_target(body, Some((true, None)))).await
 }
 
 pub async fn subscription(

@@ -37,33 +37,25 @@ fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
     crate::push::validate::check_name(name).map_err(|p| ApiError::BadRequest(format!("{what}: {p}")))
 }
 
-/// The stored name of the tenant's queue (`tenancy`).
-fn stored(tenant: Option<axum::Extension<Tenant>>, queue: String) -> String {
-    match tenant {
-        Some(axum::Extension(t)) => t.inner(&queue).into_owned(),
-        None => queue,
-    }
-}
-
 pub async fn pop_queue(
     State(state): State<AppState>,
-    tenant: Option<axum::Extension<Tenant>>,
+    tenant: Tenant,
     Path(queue): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     check_name("queue", &queue)?;
-    serve(&state, Route::Wildcard { queue: stored(tenant, queue) }, &query_pairs(q)?).await
+    serve(&state, Route::Wildcard { queue: tenant.stored(&queue) }, &query_pairs(q)?).await
 }
 
 pub async fn pop_partition(
     State(state): State<AppState>,
-    tenant: Option<axum::Extension<Tenant>>,
+    tenant: Tenant,
     Path((queue, partition)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     check_name("queue", &queue)?;
     check_name("partition", &partition)?;
-    serve(&state, Route::Specific { queue: stored(tenant, queue), partition }, &query_pairs(q)?).await
+    serve(&state, Route::Specific { queue: tenant.stored(&queue), partition }, &query_pairs(q)?).await
 }
 
 pub async fn pop_discovery(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

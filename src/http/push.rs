@@ -59,14 +59,16 @@ fn created_json(body: Vec<u8>) -> Response {
 
 /// Moves items to the tenant's queues (`tenancy`): their stored names,
 /// each distinct name mapped once (a request's items mostly share one).
-fn in_tenant(tenant: Option<axum::Extension<Tenant>>, items: &mut [push::PushItem<'_>]) {
-    let Some(axum::Extension(t)) = tenant else { return };
+fn in_tenant(tenant: Tenant, items: &mut [push::PushItem<'_>]) {
+    if tenant.is_default() {
+        return;
+    }
     let mut last: Option<(String, String)> = None;
     for item in items.iter_mut() {
         let stored = match &last {
             Some((given, stored)) if *given == *item.queue => stored.clone(),
             _ => {
-                let stored = t.inner(&item.queue).into_owned();
+                let stored = tenant.stored(&item.queue);
                 last = Some((item.queue.to_string(), stored.clone()));
                 stored
             }
@@ -78,7 +80,7 @@ fn in_tenant(tenant: Option<axum::Extension<Tenant>>, items: &mut [push::PushIte
 pub async fn push(
     State(state): State<AppState>,
     principal: Option<axum::Extension<super::auth::Principal>>,
-    tenant: Option<axum::Extension<Tenant>>,
+    tenant: Tenant,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
