@@ -63,6 +63,26 @@ impl Tenant {
         self.inner(name).into_owned()
     }
 
+    /// Moves push items to this tenant's queues: their stored names, each
+    /// distinct name mapped once (a request's items mostly share one).
+    pub fn own(&self, items: &mut [crate::push::PushItem<'_>]) {
+        if self.is_default() {
+            return;
+        }
+        let mut last: Option<(String, String)> = None;
+        for item in items.iter_mut() {
+            let stored = match &last {
+                Some((given, stored)) if *given == *item.queue => stored.clone(),
+                _ => {
+                    let stored = self.stored(&item.queue);
+                    last = Some((item.queue.to_string(), stored.clone()));
+                    stored
+                }
+            };
+            item.queue = std::borrow::Cow::Owned(stored);
+        }
+    }
+
     /// The stored name of this tenant's queue `name`: the name itself for
     /// the default tenant, else the name behind the tenant's prefix
     /// (see [`MARK`]).
@@ -130,13 +150,15 @@ pub fn broker_wide(path: &str) -> bool {
 }
 
 /// The routes whose data is kept per tenant so far: the push, the named
-/// pops, the acks, lease extension, configure, the queue listing, the
+/// pops, the acks, transactions (without kv or timers riders), lease
+/// extension, configure, the queue listing, the
 /// routes of one named queue (its lookup, depth and deletion, a group's
 /// cursors on it and their seeks) and the consumer groups. Every other
 /// route is refused while tenancy is on (see the module's doc).
 pub fn isolated(method: &Method, path: &str) -> bool {
     let get = method == Method::GET;
-    (method == Method::POST && matches!(path, "/api/v1/push" | "/api/v1/ack" | "/api/v1/ack/batch" | "/api/v1/configure"))
+    (method == Method::POST
+        && matches!(path, "/api/v1/push" | "/api/v1/ack" | "/api/v1/ack/batch" | "/api/v1/configure" | "/api/v1/transaction"))
         || (method == Method::POST && path.starts_with("/api/v1/lease/") && path.ends_with("/extend"))
         || (get && path.starts_with("/api/v1/pop/queue/"))
         || (get && path == "/api/v1/resources/queues")
@@ -215,6 +237,11 @@ pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option
     Ok(tenant)
 }
 
+/// The partition id an ack of another tenant's partition is sent on with:
+/// no partition has it, so the ack answers as one naming an unknown
+/// partition does, and a foreign id never shows that it exists.
+pub const NO_PARTITION: &str = "0";
+
 /// Partition ids' tenants, looked up once: an id names one partition for
 /// ever (ids are never reused) and a partition never changes queue, so what
 /// is known stays true. Bounded: forgotten whole past [`OWNERS_KEPT`].
@@ -289,6 +316,7 @@ mod tests {
     fn the_isolated_routes_by_shape() {
         let yes = [
             (Method::POST, "/api/v1/push"),
+            (Method::POST, "/api/v1/transaction"),
             (Method::GET, "/api/v1/pop/queue/q/partition/p"),
             (Method::GET, "/api/v1/resources/queues/q"),
             (Method::GET, "/api/v1/resources/queues/q/depth"),
@@ -305,7 +333,6 @@ mod tests {
         let no = [
             (Method::GET, "/api/v1/pop"),
             (Method::POST, "/api/v1/consumer-groups/g/subscription"),
-            (Method::POST, "/api/v1/transaction"),
             (Method::GET, "/api/v1/resources/queues/q/other/depth"),
             (Method::GET, "/api/v1/messages"),
         ];

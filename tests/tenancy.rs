@@ -1,7 +1,7 @@
 //! Tenants (issue 49, `tenancy`): choosing a request's tenant (the header a
 //! trusted proxy sets, the token's claim, the refusals, the boot
 //! interlock), and the isolation of what is per tenant so far: push, the
-//! named pops, acks and the queue listing. Every other route refuses a
+//! named pops, acks, transactions, queues and groups. Every other route refuses a
 //! tenant other than the default, never serving it the default's data.
 
 mod common;
@@ -30,6 +30,23 @@ async fn send(b: &Broker, method: &str, path: &str, tenant: Option<&str>, token:
     }
     let r = req.send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// `method path` as `tenant`, with a JSON body for other methods than GET
+/// and DELETE: the status and the JSON answer (null when none).
+fn as_tenant(b: &Broker, method: &str, path: String, tenant: &str, body: Option<Value>) -> impl std::future::Future<Output = (u16, Value)> {
+    let url = format!("{}{}", b.url, path);
+    let req = match method {
+        "GET" => b.http.get(url),
+        "DELETE" => b.http.delete(url),
+        _ => b.http.post(url).json(&body.unwrap_or(Value::Null)),
+    };
+    let req = req.header("x-queen-tenant", tenant);
+    async move {
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().await.unwrap_or(Value::Null))
+    }
 }
 
 async fn queues(b: &Broker) -> i64 {
@@ -132,19 +149,7 @@ async fn the_header_without_a_trusted_proxy_stops_the_boot_with_a_clear_message(
 async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
     let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
     let third = "6f1c2a34-0000-4000-8000-0000000000ff";
-    let call = |method: &'static str, path: String, tenant: &'static str, body: Option<Value>| {
-        let url = format!("{}{}", b.url, path);
-        let req = match method {
-            "GET" => b.http.get(url),
-            "DELETE" => b.http.delete(url),
-            _ => b.http.post(url).json(&body.unwrap_or(Value::Null)),
-        };
-        async move {
-            let r = req.header("x-queen-tenant", tenant).send().await.unwrap();
-            let status = r.status().as_u16();
-            (status, r.json::<Value>().await.unwrap_or(Value::Null))
-        }
-    };
+    let call = |method: &'static str, path: String, tenant: &'static str, body: Option<Value>| as_tenant(&b, method, path, tenant, body);
     for (tenant, n) in [(DEFAULT, 2), (OTHER, 3), (third, 1)] {
         let items: Vec<Value> = (0..n).map(|i| json!({"queue": "orders", "partition": "p", "transactionId": format!("t{i}"), "payload": {"tenant": tenant, "i": i}})).collect();
         let (status, body) = call("POST", "/api/v1/push".into(), tenant, Some(json!({"items": items}))).await;
@@ -238,6 +243,60 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
     // The third tenant deleted its `orders`; its pop made its own (empty)
     // `only-other`, as a pop does.
     assert_eq!(tenants, vec![(t(DEFAULT), 1), (t(third), 1), (t(OTHER), 2)], "each queue carries its tenant");
+}
+
+/// Transactions in two tenants with the same names: each bundle pushes to
+/// its own tenant's queues and acks its own messages; another tenant's
+/// partition id (with its lease) rolls the bundle back with the very text
+/// an unknown partition gets, and changes nothing.
+#[tokio::test]
+async fn transactions_are_per_tenant() {
+    let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
+    let call = |method: &'static str, path: &str, tenant: &'static str, body: Option<Value>| as_tenant(&b, method, path.into(), tenant, body);
+    let mut popped = Vec::new();
+    for tenant in [DEFAULT, OTHER] {
+        let (status, _) = call("POST", "/api/v1/push", tenant, Some(json!({"items": [{"queue": "in", "partition": "p", "payload": {"t": tenant}}]}))).await;
+        assert_eq!(status, 201);
+        let (_, pop) = call("GET", "/api/v1/pop/queue/in?batch=1&consumerGroup=g", tenant, None).await;
+        let m = &pop["messages"][0];
+        popped.push((m["transactionId"].as_str().unwrap().to_string(), m["partitionId"].as_str().unwrap().to_string(),
+                     pop["leaseId"].as_str().unwrap().to_string()));
+    }
+    let bundle = |(txn, pid, lease): &(String, String, String), out: &str| {
+        json!({"operations": [
+            {"type": "ack", "transactionId": txn, "partitionId": pid, "leaseId": lease, "consumerGroup": "g", "status": "completed"},
+            {"type": "push", "items": [{"queue": "out", "partition": "p", "payload": {"to": out}}]}]})
+    };
+    // DEFAULT acks OTHER's message with OTHER's lease: rolled back exactly
+    // as an ack of a partition no one has.
+    let (s1, foreign) = call("POST", "/api/v1/transaction", DEFAULT, Some(bundle(&popped[1], "x"))).await;
+    let unknown_pid = (popped[1].0.clone(), "987654321".to_string(), popped[1].2.clone());
+    let (s2, unknown) = call("POST", "/api/v1/transaction", DEFAULT, Some(bundle(&unknown_pid, "x"))).await;
+    assert_eq!((s1, &foreign["success"]), (200, &json!(false)), "{foreign}");
+    let text = |v: &Value, pid: &str| v["error"].as_str().unwrap().replace(&format!("on partition {pid} "), "on partition <pid> ");
+    assert_eq!(text(&foreign, &popped[1].1), text(&unknown, "987654321"), "foreign and unknown read alike");
+    assert_eq!(s2, 200);
+    assert!(foreign["error"].as_str().unwrap().contains(&format!("on partition {} ", popped[1].1)), "names the partition as given: {foreign}");
+    assert_eq!(call("GET", "/api/v1/resources/queues/out", DEFAULT, None).await.0, 404, "the rolled-back push wrote nothing");
+    // Each tenant's own bundle commits, in its own queues.
+    for (i, tenant) in [DEFAULT, OTHER].into_iter().enumerate() {
+        let (status, done) = call("POST", "/api/v1/transaction", tenant, Some(bundle(&popped[i], tenant))).await;
+        assert_eq!((status, &done["success"]), (200, &json!(true)), "{done}");
+        assert_eq!(done["results"][1]["queueName"], "out", "shown without its tenant's prefix: {done}");
+    }
+    for tenant in [DEFAULT, OTHER] {
+        let (_, out) = call("GET", "/api/v1/pop/queue/out?batch=10&autoAck=true", tenant, None).await;
+        let got: Vec<&Value> = out["messages"].as_array().unwrap().iter().map(|m| &m["data"]["to"]).collect();
+        assert_eq!(got, vec![&json!(tenant)], "{tenant} reads its own push only");
+        let (_, depth) = call("GET", "/api/v1/resources/queues/in", tenant, None).await;
+        assert_eq!(depth["messages"].as_i64(), Some(1), "{depth}");
+        let (status, again) = call("GET", "/api/v1/pop/queue/in?batch=1&consumerGroup=g&wait=false", tenant, None).await;
+        assert_eq!(status, 204, "{tenant}: its message acked by its own bundle: {again}");
+    }
+    // Riders of families not yet per tenant are refused, writing nothing.
+    let (status, riders) = call("POST", "/api/v1/transaction", OTHER,
+        Some(json!({"operations": [{"type": "push", "items": [{"queue": "out", "payload": 1}]}], "kv": [{"op": "put", "key": "k", "value": 1}]}))).await;
+    assert_eq!((status, &riders["success"]), (403, &json!(false)), "{riders}");
 }
 
 /// A database of the schema before 0039, holding a queue with messages,

@@ -35,6 +35,7 @@ use crate::push::segment::SegmentWrite;
 use crate::push::validate::{parse_item, parse_items, PushItem};
 use crate::push::coalescer::InSegment;
 use crate::push::{Outcome, PushPlan};
+use crate::tenancy::{Owners, Tenant};
 
 /// Why a bundle is refused before anything runs.
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +157,11 @@ pub struct Bundle<'a, 'b> {
     pub counts_only: bool,
     pub producer: Option<&'a str>,
     pub riders: Riders<'a>,
+    /// Whose queues the bundle acts on (`tenancy`): its pushes go to the
+    /// tenant's queues, and with tenancy on (`owners` given) an ack of
+    /// another tenant's partition answers as one of an unknown partition.
+    pub tenant: Tenant,
+    pub owners: Option<&'a Owners>,
 }
 
 /// Runs one bundle. `Ok` carries the 200 answer (successful or rolled back).
@@ -167,7 +173,7 @@ pub async fn run(
     coalescer: &crate::push::Coalescer,
     bundle: Bundle<'_, '_>,
 ) -> Result<Committed, TxnError> {
-    let Bundle { body, binary_pushes, counts_only, producer, riders } = bundle;
+    let Bundle { body, binary_pushes, counts_only, producer, riders, tenant, owners } = bundle;
     let parsed: Body<'_> =
         serde_json::from_str(body).map_err(|e| TxnError::BadRequest(format!("bad body: {e}")))?;
     let ops = match parsed.operations {
@@ -176,6 +182,9 @@ pub async fn run(
         None => return Err(TxnError::BadRequest("transaction requires an operations array".into())),
     };
     let rider = |r: Option<&RawValue>| r.is_some_and(|r| !matches!(r.get().trim(), "null" | "[]"));
+    if owners.is_some() && (rider(parsed.kv) || rider(parsed.timers)) {
+        return Err(TxnError::RidersDisabled("with tenancy on, kv and timers riders are not served yet (their data is not kept per tenant)"));
+    }
     let timer_ops = match (rider(parsed.timers), riders.timers) {
         (false, _) => Vec::new(),
         (true, false) => return Err(TxnError::RidersDisabled("timers riders are switched off (/api/v1/system/kv-timers)")),
@@ -197,6 +206,17 @@ pub async fn run(
     let mut ops = parse_ops(&ops)?;
     if !binary_pushes.is_empty() {
         ops.push(Op::Push(binary_pushes.to_vec()));
+    }
+    // The tenant's own queues and partitions (`tenancy`).
+    let mut foreign = Vec::new();
+    for op in ops.iter_mut() {
+        if let Op::Push(items) = op {
+            tenant.own(items);
+        }
+    }
+    if let Some(owners) = owners {
+        let ids: Vec<i64> = ops.iter().filter_map(|o| if let Op::Ack(a, _) = o { a.partition_id.parse().ok() } else { None }).collect();
+        foreign = owners.foreign(pool, tenant, &ids).await?;
     }
     let mut required = parsed.required_leases.unwrap_or_default();
     required.retain(|l| !l.is_empty());
@@ -234,6 +254,12 @@ pub async fn run(
                 }
             }
             Op::Ack(mut item, own) => {
+                // Rollback texts name the partition as given; another
+                // tenant's is acked as no partition (`tenancy::NO_PARTITION`).
+                let given = item.partition_id.clone();
+                if item.partition_id.parse().is_ok_and(|id: i64| foreign.contains(&id)) {
+                    item.partition_id = crate::tenancy::NO_PARTITION.to_string();
+                }
                 if !own {
                     match resolve_lease(&tx, &item, any_lease, &required).await? {
                         Resolved::Lease(lease) => item.lease_id = lease,
@@ -243,7 +269,7 @@ pub async fn run(
                                 "QTXN transaction rolled back: operations[{op_index}] ack of {:?} on partition {} refused: \
                                  invalid or expired lease (none of the {} requiredLeases holds this partition for group {})",
                                 item.transaction_id,
-                                item.partition_id,
+                                given,
                                 required.len(),
                                 item.group
                             )));
@@ -258,7 +284,7 @@ pub async fn run(
                     return Ok(rolled_back(format!(
                         "QTXN transaction rolled back: operations[{op_index}] ack of {:?} on partition {} ({lease}) refused: {}",
                         item.transaction_id,
-                        item.partition_id,
+                        given,
                         o.error.as_deref().unwrap_or("refused")
                     )));
                 }
@@ -431,7 +457,7 @@ pub async fn push_in_at(
         .enumerate()
         .map(|(idx, o)| {
             let mut r = json!({"success": true, "transactionId": plan.txns[idx], "messageId": o.message_id().to_string(),
-                               "queueName": items[idx].queue});
+                               "queueName": crate::tenancy::shown(&items[idx].queue)});
             if matches!(o, Outcome::Duplicate { .. }) {
                 r["duplicate"] = json!(true);
             }

@@ -275,11 +275,6 @@ pub(super) fn wake_after(state: &AppState, released: &[Released]) {
     }
 }
 
-/// The partition id an ack of another tenant's partition is sent on with:
-/// no partition has it, so the ack answers as one naming an unknown
-/// partition does, and a foreign id never shows that it exists.
-const NO_PARTITION: &str = "0";
-
 /// Applies valid acknowledgements (none: nothing to do), counts them and
 /// wakes the queues whose leases they released.
 async fn apply(state: &AppState, tenant: Tenant, items: &[AckItem]) -> Result<Vec<AckOutcome>, ApiError> {
@@ -294,7 +289,7 @@ async fn apply(state: &AppState, tenant: Tenant, items: &[AckItem]) -> Result<Ve
         if !foreign.is_empty() {
             for (item, id) in owned.to_mut().iter_mut().zip(&ids) {
                 if id.is_some_and(|id| foreign.contains(&id)) {
-                    item.partition_id = NO_PARTITION.to_string();
+                    item.partition_id = crate::tenancy::NO_PARTITION.to_string();
                 }
             }
         }
@@ -425,6 +420,7 @@ pub async fn extend_lease(
 /// `POST /api/v1/transaction`: the JSON form, or a binary `QTB1` body.
 pub async fn transaction(
     State(state): State<AppState>,
+    tenant: Tenant,
     principal: Option<axum::Extension<super::auth::Principal>>,
     headers: HeaderMap,
     body: Body,
@@ -456,7 +452,8 @@ pub async fn transaction(
         (text, &[][..], false)
     };
     let riders = crate::ack::transaction::Riders { kv: state.kv_enabled().then_some(&state.config.kv.limits), timers: state.timers_enabled() };
-    let bundle = crate::ack::transaction::Bundle { body: text, binary_pushes: pushes, counts_only, producer: producer.as_deref(), riders };
+    let bundle = crate::ack::transaction::Bundle { body: text, binary_pushes: pushes, counts_only, producer: producer.as_deref(), riders,
+        tenant, owners: crate::tenancy::enabled(&state.config).then_some(&*state.owners) };
     match run(&state.pool, &state.ack, &state.coalescer, bundle).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {

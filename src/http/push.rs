@@ -57,26 +57,6 @@ fn created_json(body: Vec<u8>) -> Response {
     (StatusCode::CREATED, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Moves items to the tenant's queues (`tenancy`): their stored names,
-/// each distinct name mapped once (a request's items mostly share one).
-fn in_tenant(tenant: Tenant, items: &mut [push::PushItem<'_>]) {
-    if tenant.is_default() {
-        return;
-    }
-    let mut last: Option<(String, String)> = None;
-    for item in items.iter_mut() {
-        let stored = match &last {
-            Some((given, stored)) if *given == *item.queue => stored.clone(),
-            _ => {
-                let stored = tenant.stored(&item.queue);
-                last = Some((item.queue.to_string(), stored.clone()));
-                stored
-            }
-        };
-        item.queue = std::borrow::Cow::Owned(stored);
-    }
-}
-
 pub async fn push(
     State(state): State<AppState>,
     principal: Option<axum::Extension<super::auth::Principal>>,
@@ -92,12 +72,12 @@ pub async fn push(
         let parsed = crate::log::binary::parse_push(&bytes, state.config.max_body_bytes)
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let mut items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
-        in_tenant(tenant, &mut items);
+        tenant.own(&mut items);
         return push_and_answer(&state, &items, &parsed.groups, parsed.counts_only, producer.as_deref()).await;
     }
     let text = utf8(&bytes)?;
     let mut items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
-    in_tenant(tenant, &mut items);
+    tenant.own(&mut items);
     push_and_answer(&state, &items, &[], false, producer.as_deref()).await
 }
 
