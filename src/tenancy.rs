@@ -150,8 +150,8 @@ pub fn broker_wide(path: &str) -> bool {
 }
 
 /// The routes whose data is kept per tenant so far: the push, the named
-/// pops, the acks, transactions (without kv or timers riders), lease
-/// extension, configure, the queue listing, the
+/// pops, the acks, transactions (without timers riders), lease extension,
+/// KV and locks, configure, the queue listing, the
 /// routes of one named queue (its lookup, depth and deletion, a group's
 /// cursors on it and their seeks) and the consumer groups. Every other
 /// route is refused while tenancy is on (see the module's doc).
@@ -173,6 +173,11 @@ pub fn isolated(method: &Method, path: &str) -> bool {
         // The consumer groups: listed, looked up and deleted on the tenant's queues.
         || (get && (path == "/api/v1/consumer-groups" || path == "/api/v1/consumer-groups/lagging"))
         || ((get || method == Method::DELETE) && path.starts_with("/api/v1/consumer-groups/") && path.matches('/').count() == 4)
+        // KV (the tenant's namespaces), locks (its locks namespace) and the
+        // consumers its clients publish there.
+        || (method == Method::POST && matches!(path, "/api/v1/kv" | "/api/v1/locks" | "/api/v1/resources/kv/list"))
+        || (path.starts_with("/api/v1/kv/") && matches!(*method, Method::GET | Method::PUT | Method::DELETE))
+        || (get && matches!(path, "/api/v1/resources/kv/namespaces" | "/api/v1/consumers"))
 }
 
 fn refuse(status: StatusCode, error: &str, code: &str) -> Response {
@@ -329,6 +334,9 @@ mod tests {
             (Method::GET, "/api/v1/consumer-groups/lagging"),
             (Method::GET, "/api/v1/consumer-groups/g"),
             (Method::DELETE, "/api/v1/consumer-groups/g"),
+            (Method::PUT, "/api/v1/kv/ns/a/b"),
+            (Method::POST, "/api/v1/locks"),
+            (Method::GET, "/api/v1/resources/kv/namespaces"),
         ];
         let no = [
             (Method::GET, "/api/v1/pop"),

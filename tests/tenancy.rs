@@ -39,6 +39,7 @@ fn as_tenant(b: &Broker, method: &str, path: String, tenant: &str, body: Option<
     let req = match method {
         "GET" => b.http.get(url),
         "DELETE" => b.http.delete(url),
+        "PUT" => b.http.put(url).json(&body.unwrap_or(Value::Null)),
         _ => b.http.post(url).json(&body.unwrap_or(Value::Null)),
     };
     let req = req.header("x-queen-tenant", tenant);
@@ -293,10 +294,72 @@ async fn transactions_are_per_tenant() {
         let (status, again) = call("GET", "/api/v1/pop/queue/in?batch=1&consumerGroup=g&wait=false", tenant, None).await;
         assert_eq!(status, 204, "{tenant}: its message acked by its own bundle: {again}");
     }
-    // Riders of families not yet per tenant are refused, writing nothing.
+    // Timers riders (not per tenant yet) are refused, writing nothing.
     let (status, riders) = call("POST", "/api/v1/transaction", OTHER,
-        Some(json!({"operations": [{"type": "push", "items": [{"queue": "out", "payload": 1}]}], "kv": [{"op": "put", "key": "k", "value": 1}]}))).await;
+        Some(json!({"operations": [{"type": "push", "items": [{"queue": "out", "payload": 1}]}], "timers": [{"queue": "out", "key": "t", "delaySeconds": 5, "payload": 1}]}))).await;
     assert_eq!((status, &riders["success"]), (403, &json!(false)), "{riders}");
+}
+
+/// KV and locks in two tenants with the same namespaces, keys and lock
+/// names: each reads, lists and writes its own; another tenant's version,
+/// lock token and guard act as ones that do not exist.
+#[tokio::test]
+async fn kv_and_locks_are_per_tenant() {
+    let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
+    let call = |method: &'static str, path: &str, tenant: &'static str, body: Option<Value>| as_tenant(&b, method, path.into(), tenant, body);
+    let mut versions = Vec::new();
+    for tenant in [DEFAULT, OTHER] {
+        let (status, put) = call("PUT", "/api/v1/kv/app/k", tenant, Some(json!({"value": {"t": tenant}, "forever": true}))).await;
+        assert_eq!((status, &put["applied"]), (200, &json!(true)), "{put}");
+        versions.push(put["version"].as_i64().unwrap());
+    }
+    call("PUT", "/api/v1/kv/only-other/x", OTHER, Some(json!({"value": 1, "forever": true}))).await;
+    for tenant in [DEFAULT, OTHER] {
+        let (status, got) = call("GET", "/api/v1/kv/app/k", tenant, None).await;
+        assert_eq!((status, &got["value"]["t"]), (200, &json!(tenant)), "{got}");
+        let (_, page) = call("POST", "/api/v1/kv", tenant, Some(json!({"operations": [{"op": "getPrefix", "ns": "app", "prefix": "k"}]}))).await;
+        assert_eq!(page["results"][0]["rows"].as_array().map(Vec::len), Some(1), "{page}");
+        let (_, listed) = call("POST", "/api/v1/resources/kv/list", tenant, Some(json!({"ns": "app"}))).await;
+        assert_eq!((&listed["ns"], listed["keys"].as_array().map(Vec::len)), (&json!("app"), Some(1)), "{listed}");
+        let (_, spaces) = call("GET", "/api/v1/resources/kv/namespaces", tenant, None).await;
+        let names: Vec<&str> = spaces["namespaces"].as_array().unwrap().iter().map(|n| n["ns"].as_str().unwrap()).collect();
+        assert_eq!(names, if tenant == OTHER { vec!["app", "only-other"] } else { vec!["app"] }, "{spaces}");
+    }
+    assert_eq!(call("GET", "/api/v1/kv/only-other/x", DEFAULT, None).await.0, 404);
+    // Deleting with the other tenant's version deletes nothing of it.
+    let (_, del) = call("DELETE", &format!("/api/v1/kv/app/k?expect={}", versions[1]), DEFAULT, None).await;
+    assert_eq!(del["applied"], false, "{del}");
+    assert_eq!(call("GET", "/api/v1/kv/app/k", OTHER, None).await.1["value"]["t"], OTHER);
+    // Locks: one name, two tenants, two locks.
+    let lock = |op: Value| json!({"operations": [op]});
+    let mut held = Vec::new();
+    for tenant in [DEFAULT, OTHER] {
+        let (_, got) = call("POST", "/api/v1/locks", tenant, Some(lock(json!({"op": "acquire", "name": "L", "ttlSeconds": 60})))).await;
+        assert_eq!(got["results"][0]["acquired"], true, "{tenant}: {got}");
+        held.push(got["results"][0].clone());
+    }
+    let other = &held[1];
+    let (_, renew) = call("POST", "/api/v1/locks", DEFAULT, Some(lock(json!({"op": "renew", "name": "L", "token": other["token"], "ttlSeconds": 60})))).await;
+    assert_eq!(renew["results"][0]["renewed"], false, "{renew}");
+    let (_, release) = call("POST", "/api/v1/locks", DEFAULT, Some(lock(json!({"op": "release", "name": "L", "token": other["token"]})))).await;
+    assert_eq!(release["results"][0]["released"], false, "{release}");
+    let (_, get) = call("POST", "/api/v1/locks", OTHER, Some(lock(json!({"op": "get", "name": "L"})))).await;
+    assert_eq!(get["results"][0]["holders"].as_array().map(Vec::len), Some(1), "still held by OTHER: {get}");
+    // Its guard holds in its own transaction and nowhere else.
+    let guarded = |out: &str| json!({"operations": [{"type": "push", "items": [{"queue": "guarded", "payload": {"by": out}}]}], "kv": [other["guard"]]});
+    let (_, refused) = call("POST", "/api/v1/transaction", DEFAULT, Some(guarded("default"))).await;
+    assert_eq!((&refused["success"], &refused["reason"]), (&json!(false), &json!("kv_precondition")), "{refused}");
+    assert_eq!(refused["version"], Value::Null, "no token shown: {refused}");
+    let (_, done) = call("POST", "/api/v1/transaction", OTHER, Some(guarded("other"))).await;
+    assert_eq!(done["success"], true, "{done}");
+    // A transaction's kv rider writes the tenant's own key.
+    let rider = json!({"operations": [], "kv": [{"op": "put", "ns": "app", "key": "rider", "value": 7, "forever": true}]});
+    assert_eq!(call("POST", "/api/v1/transaction", OTHER, Some(rider)).await.1["success"], true);
+    assert_eq!(call("GET", "/api/v1/kv/app/rider", OTHER, None).await.1["value"], 7);
+    assert_eq!(call("GET", "/api/v1/kv/app/rider", DEFAULT, None).await.0, 404);
+    // Direct KV access to the locks' namespace stays refused for every tenant.
+    let (status, _) = call("GET", "/api/v1/kv/queen-locks/L%230", OTHER, None).await;
+    assert_eq!(status, 403);
 }
 
 /// A database of the schema before 0039, holding a queue with messages,

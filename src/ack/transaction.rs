@@ -182,8 +182,8 @@ pub async fn run(
         None => return Err(TxnError::BadRequest("transaction requires an operations array".into())),
     };
     let rider = |r: Option<&RawValue>| r.is_some_and(|r| !matches!(r.get().trim(), "null" | "[]"));
-    if owners.is_some() && (rider(parsed.kv) || rider(parsed.timers)) {
-        return Err(TxnError::RidersDisabled("with tenancy on, kv and timers riders are not served yet (their data is not kept per tenant)"));
+    if owners.is_some() && rider(parsed.timers) {
+        return Err(TxnError::RidersDisabled("with tenancy on, timers riders are not served yet (timers are not kept per tenant)"));
     }
     let timer_ops = match (rider(parsed.timers), riders.timers) {
         (false, _) => Vec::new(),
@@ -200,6 +200,10 @@ pub async fn run(
             let v: Value = serde_json::from_str(parsed.kv.expect("a rider").get()).map_err(|e| TxnError::BadRequest(format!("kv: {e}")))?;
             let ops = crate::kv::parse(&v, "kv", limits).map_err(|e| TxnError::BadRequest(e.to_string()))?;
             crate::kv::refuse_reserved(&ops, "kv").map_err(|e| TxnError::Forbidden(e.to_string()))?;
+            let mut ops = ops;
+            if !tenant.is_default() {
+                ops.iter_mut().for_each(|op| op.own(tenant));
+            }
             ops
         }
     };

@@ -73,6 +73,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(37, "0037_kafka_transactions.sql"),
     migration!(38, "0038_kafka_transactional_id_expiry.sql"),
     migration!(39, "0039_queue_tenants.sql"),
+    migration!(40, "0040_lock_namespaces.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -203,10 +204,10 @@ mod tests {
         // 0024_sealed_timers.sql the schedule that cannot seal,
         // 0028_ack_handover.sql the plain ack without the handover,
         // 0030_reseed_window.sql the reseed of whole queues, 0038 the
-        // producer expiry with one idleness).
+        // producer expiry with one idleness, 0040 the locks of one namespace).
         live.extend(
             ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1",
-             "hotlist_seed_many_v1", "kafka_producers_expire_v1"]
+             "hotlist_seed_many_v1", "kafka_producers_expire_v1", "lock_acquire_v2", "lock_holders_v2"]
                 .map(String::from),
         );
         let mut i = 0;

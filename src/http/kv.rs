@@ -12,6 +12,18 @@ use serde_json::{json, Value};
 use super::query::Params;
 use super::AppState;
 use crate::kv::{self, KvError, Op};
+use crate::tenancy::Tenant;
+
+/// The parsed operations moved to `tenant`'s namespaces, once the
+/// reserved-namespace rule has read the names as the client gave them.
+fn parsed(state: &AppState, tenant: Tenant, operations: &Value) -> Result<Vec<Op>, KvError> {
+    let mut ops = kv::parse(operations, "operations", &state.config.kv.limits)?;
+    kv::refuse_reserved(&ops, "operations")?;
+    if !tenant.is_default() {
+        ops.iter_mut().for_each(|op| op.own(tenant));
+    }
+    Ok(ops)
+}
 
 pub(super) fn envelope(status: StatusCode, error: &str, reason: &str, detail: &str) -> Response {
     let mut r = (status, Json(json!({"error": error, "reason": reason, "detail": detail}))).into_response();
@@ -70,7 +82,7 @@ async fn call(state: &AppState, ops: &[Op]) -> Response {
 }
 
 /// `POST /api/v1/kv` `{operations: [...]}` (or a bare array).
-pub async fn batch(State(state): State<AppState>, headers: HeaderMap, raw: axum::body::Body) -> Response {
+pub async fn batch(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, raw: axum::body::Body) -> Response {
     if let Some(r) = disabled(&state) {
         return r;
     }
@@ -79,16 +91,15 @@ pub async fn batch(State(state): State<AppState>, headers: HeaderMap, raw: axum:
         Err(r) => return r,
     };
     let operations = if v.is_array() { &v } else { v.get("operations").unwrap_or(&Value::Null) };
-    match kv::parse(operations, "operations", &state.config.kv.limits).and_then(|ops| kv::refuse_reserved(&ops, "operations").map(|()| ops)) {
+    match parsed(&state, tenant, operations) {
         Ok(ops) => call(&state, &ops).await,
         Err(e) => refused(e),
     }
 }
 
 /// The one result of a single-operation call, or its failure.
-async fn single(state: &AppState, op: Value) -> Result<Value, Response> {
-    let ops = kv::parse(&json!([op]), "operations", &state.config.kv.limits).map_err(refused)?;
-    kv::refuse_reserved(&ops, "operations").map_err(refused)?;
+async fn single(state: &AppState, tenant: Tenant, op: Value) -> Result<Value, Response> {
+    let ops = parsed(state, tenant, &json!([op])).map_err(refused)?;
     let mut outcome = state.kv.call(&ops).await.map_err(unavailable)?;
     // A per-key route answers its one row; a batch position means nothing there.
     let mut result = outcome.results.remove(0);
@@ -99,11 +110,11 @@ async fn single(state: &AppState, op: Value) -> Result<Value, Response> {
 }
 
 /// `GET /api/v1/kv/{ns}/{key…}`: the row, or `404 {found: false}`.
-pub async fn get_key(State(state): State<AppState>, Path((ns, key)): Path<(String, String)>) -> Response {
+pub async fn get_key(State(state): State<AppState>, tenant: Tenant, Path((ns, key)): Path<(String, String)>) -> Response {
     if let Some(r) = disabled(&state) {
         return r;
     }
-    match single(&state, json!({"op": "get", "ns": ns, "key": key})).await {
+    match single(&state, tenant, json!({"op": "get", "ns": ns, "key": key})).await {
         Ok(v) if v["found"] == true => Json(v).into_response(),
         Ok(v) => (StatusCode::NOT_FOUND, Json(v)).into_response(),
         Err(r) => r,
@@ -111,7 +122,7 @@ pub async fn get_key(State(state): State<AppState>, Path((ns, key)): Path<(Strin
 }
 
 /// `PUT /api/v1/kv/{ns}/{key…}` `{value, ttlSeconds | forever, expect?}`.
-pub async fn put_key(State(state): State<AppState>, Path((ns, key)): Path<(String, String)>, headers: HeaderMap, raw: axum::body::Body) -> Response {
+pub async fn put_key(State(state): State<AppState>, tenant: Tenant, Path((ns, key)): Path<(String, String)>, headers: HeaderMap, raw: axum::body::Body) -> Response {
     if let Some(r) = disabled(&state) {
         return r;
     }
@@ -123,11 +134,11 @@ pub async fn put_key(State(state): State<AppState>, Path((ns, key)): Path<(Strin
     op["op"] = json!("put");
     op["ns"] = json!(ns);
     op["key"] = json!(key);
-    single(&state, op).await.map(|v| Json(v).into_response()).unwrap_or_else(|r| r)
+    single(&state, tenant, op).await.map(|v| Json(v).into_response()).unwrap_or_else(|r| r)
 }
 
 /// `DELETE /api/v1/kv/{ns}/{key…}` (`?expect=N`).
-pub async fn delete_key(State(state): State<AppState>, Path((ns, key)): Path<(String, String)>, RawQuery(q): RawQuery) -> Response {
+pub async fn delete_key(State(state): State<AppState>, tenant: Tenant, Path((ns, key)): Path<(String, String)>, RawQuery(q): RawQuery) -> Response {
     if let Some(r) = disabled(&state) {
         return r;
     }
@@ -137,12 +148,12 @@ pub async fn delete_key(State(state): State<AppState>, Path((ns, key)): Path<(St
         Ok(e) => op["expect"] = json!(e),
         Err(e) => return envelope(StatusCode::BAD_REQUEST, "kv_bad_request", "invalid_expect", &e.to_string()),
     }
-    single(&state, op).await.map(|v| Json(v).into_response()).unwrap_or_else(|r| r)
+    single(&state, tenant, op).await.map(|v| Json(v).into_response()).unwrap_or_else(|r| r)
 }
 
 /// `GET /api/v1/resources/kv/namespaces`.
-pub async fn namespaces(State(state): State<AppState>) -> Response {
-    match kv::namespaces(&state.pool).await {
+pub async fn namespaces(State(state): State<AppState>, tenant: Tenant) -> Response {
+    match kv::namespaces(&state.pool, tenant).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => unavailable(e),
     }
@@ -150,7 +161,7 @@ pub async fn namespaces(State(state): State<AppState>) -> Response {
 
 /// `POST /api/v1/resources/kv/list` `{ns, prefix?, after?, limit?}`: keys
 /// without values, a page at a time.
-pub async fn list(State(state): State<AppState>, headers: HeaderMap, raw: axum::body::Body) -> Response {
+pub async fn list(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, raw: axum::body::Body) -> Response {
     let v = match body(&state, &headers, raw).await {
         Ok(v) => v,
         Err(r) => return r,
@@ -166,7 +177,7 @@ pub async fn list(State(state): State<AppState>, headers: HeaderMap, raw: axum::
             None => return envelope(StatusCode::BAD_REQUEST, "kv_bad_request", "invalid_field", "limit: must be an integer"),
         },
     };
-    match kv::list(&state.pool, ns, text("prefix").unwrap_or(""), text("after"), limit).await {
+    match kv::list(&state.pool, &tenant.stored(ns), text("prefix").unwrap_or(""), text("after"), limit).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => unavailable(e),
     }
@@ -174,12 +185,12 @@ pub async fn list(State(state): State<AppState>, headers: HeaderMap, raw: axum::
 
 /// `GET /api/v1/consumers` (`?group=`): the live consumers the clients'
 /// supervision publishes.
-pub async fn consumers(State(state): State<AppState>, RawQuery(q): RawQuery) -> Response {
+pub async fn consumers(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Response {
     let group = match Params::parse(q) {
         Ok(p) => p.text("group"),
         Err(e) => return envelope(StatusCode::BAD_REQUEST, "kv_bad_request", "invalid_query", &e.to_string()),
     };
-    match kv::supervision::consumers(&state.pool, group.as_deref()).await {
+    match kv::supervision::consumers(&state.pool, tenant, group.as_deref()).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => unavailable(e),
     }

@@ -12,6 +12,7 @@ use super::AppState;
 
 pub async fn locks(
     State(state): State<AppState>,
+    tenant: crate::tenancy::Tenant,
     principal: Option<axum::Extension<super::auth::Principal>>,
     headers: HeaderMap,
     raw: axum::body::Body,
@@ -30,7 +31,7 @@ pub async fn locks(
             return envelope(status, "locks_bad_request", e.reason, &e.detail);
         }
     };
-    match crate::locks::run(&state.pool, &ops, principal.as_ref().and_then(|p| p.sub.as_deref())).await {
+    match crate::locks::run(&state.pool, tenant, &ops, principal.as_ref().and_then(|p| p.sub.as_deref())).await {
         Ok(results) => Json(json!({"results": results})).into_response(),
         Err(e) => unavailable(e),
     }

@@ -79,7 +79,7 @@ pub async fn run<C: GenericClient>(client: &C, operations: &[Op], limits: &KvLim
 fn settle(op: &Op, index: usize, mut result: Value) -> (Value, bool) {
     result["index"] = json!(index);
     // A lock guard that does not hold says so, never which token does.
-    if op.ns() == ops::LOCKS_NAMESPACE {
+    if op.in_locks() {
         let applied = result.get("applied") == Some(&Value::Bool(true));
         result["version"] = ops::shown_version(op, applied, result["version"].take());
     }
@@ -243,22 +243,26 @@ async fn apply<C: GenericClient>(client: &C, op: &Op, budget: &mut usize) -> Res
     })
 }
 
-/// `GET /api/v1/resources/kv/namespaces`: every namespace with its live
-/// keys and their stored bytes.
-pub async fn namespaces(pool: &Pool) -> Result<Value, DbError> {
+/// `GET /api/v1/resources/kv/namespaces`: every namespace of `tenant`
+/// with its live keys and their stored bytes.
+pub async fn namespaces(pool: &Pool, tenant: crate::tenancy::Tenant) -> Result<Value, DbError> {
     let client = pool.get().await?;
+    // The tenant's prefix (none for the default tenant, whose names are
+    // the ones no other tenant's prefix opens).
+    let prefix = tenant.stored("");
     let rows = client
         .query(
             &format!(
                 "SELECT ns, count(*)::bigint, COALESCE(sum(pg_column_size(value)), 0)::bigint, max(updated_at)
-                 FROM queen.kv WHERE {LIVE} GROUP BY ns ORDER BY ns"
+                 FROM queen.kv WHERE {LIVE} AND starts_with(ns, $1) AND ($1 <> '' OR NOT starts_with(ns, chr(1)))
+                 GROUP BY ns ORDER BY ns"
             ),
-            &[],
+            &[&prefix],
         )
         .await?;
     let namespaces: Vec<Value> = rows
         .iter()
-        .map(|r| json!({"ns": r.get::<_, String>(0), "keys": r.get::<_, i64>(1), "bytes": r.get::<_, i64>(2), "lastUpdatedAt": time(r.get(3))}))
+        .map(|r| json!({"ns": crate::tenancy::shown(r.get::<_, &str>(0)), "keys": r.get::<_, i64>(1), "bytes": r.get::<_, i64>(2), "lastUpdatedAt": time(r.get(3))}))
         .collect();
     Ok(json!({"namespaces": namespaces}))
 }
@@ -280,7 +284,7 @@ pub async fn list(pool: &Pool, ns: &str, prefix: &str, after: Option<&str>, limi
     let truncated = rows.len() as i64 > limit;
     // A permit's version is its holder's token: the locks' keys are listed
     // without it (the operator still sees which locks are held, and until when).
-    let tokens_hidden = ns == ops::LOCKS_NAMESPACE;
+    let tokens_hidden = crate::tenancy::shown(ns) == ops::LOCKS_NAMESPACE;
     let keys: Vec<Value> = rows
         .iter()
         .take(limit as usize)
@@ -291,5 +295,5 @@ pub async fn list(pool: &Pool, ns: &str, prefix: &str, after: Option<&str>, limi
         })
         .collect();
     let next = if truncated { keys.last().map(|k| k["key"].clone()).unwrap_or(Value::Null) } else { Value::Null };
-    Ok(json!({"ns": ns, "keys": keys, "truncated": truncated, "nextAfter": next}))
+    Ok(json!({"ns": crate::tenancy::shown(ns), "keys": keys, "truncated": truncated, "nextAfter": next}))
 }

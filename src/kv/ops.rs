@@ -49,6 +49,25 @@ impl Op {
         }
     }
 
+    /// Whether the operation names a locks' namespace (any tenant's: see
+    /// `tenancy`), where only a guard's check is allowed.
+    pub fn in_locks(&self) -> bool {
+        crate::tenancy::shown(self.ns()) == LOCKS_NAMESPACE
+    }
+
+    /// Moves the operation to `tenant`'s namespace of the same name.
+    pub fn own(&mut self, tenant: crate::tenancy::Tenant) {
+        match self {
+            Op::Get { ns, .. }
+            | Op::GetMany { ns, .. }
+            | Op::GetPrefix { ns, .. }
+            | Op::Put { ns, .. }
+            | Op::Delete { ns, .. }
+            | Op::Check { ns, .. }
+            | Op::Incr { ns, .. } => *ns = tenant.stored(ns),
+        }
+    }
+
     /// The one key a single-key operation touches ("" for the reads of
     /// several).
     pub fn key_str(&self) -> &str {
@@ -78,7 +97,7 @@ pub const LOCKS_NAMESPACE: &str = "queen-locks";
 /// Refuses an operation other than a guard's `check` on the locks'
 /// namespace. `at` names the array, as in [`parse`].
 pub fn refuse_reserved(ops: &[Op], at: &str) -> Result<(), KvError> {
-    match ops.iter().position(|op| op.ns() == LOCKS_NAMESPACE && !matches!(op, Op::Check { .. })) {
+    match ops.iter().position(|op| op.in_locks() && !matches!(op, Op::Check { .. })) {
         None => Ok(()),
         Some(i) => Err(KvError::Reserved {
             detail: format!("{at}[{i}].ns: {LOCKS_NAMESPACE} holds the locks' permits: only a lock's guard (a check) may name it; use /api/v1/locks"),
@@ -90,11 +109,11 @@ pub fn refuse_reserved(ops: &[Op], at: &str) -> Result<(), KvError> {
 /// the one a check named and found (a holder's own token), never another.
 pub fn shown_version(op: &Op, applied: bool, version: Value) -> Value {
     match op {
-        Op::Check { ns, expect, .. } if ns == LOCKS_NAMESPACE => match (applied, expect) {
+        Op::Check { expect, .. } if op.in_locks() => match (applied, expect) {
             (true, Some(e)) => Value::from(*e),
             _ => Value::Null,
         },
-        _ if op.ns() == LOCKS_NAMESPACE => Value::Null,
+        _ if op.in_locks() => Value::Null,
         _ => version,
     }
 }

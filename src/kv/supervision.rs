@@ -18,8 +18,9 @@ pub const NAMESPACE: &str = "queen-supervisor";
 /// One publisher's rows: its head, its chunks by index, its newest write.
 type Slot = (Option<Value>, Vec<(i64, Value)>, chrono::DateTime<chrono::Utc>);
 
-/// Every live consumer (of `group` when given), by group and instance.
-pub async fn consumers(pool: &Pool, group: Option<&str>) -> Result<Value, DbError> {
+/// Every live consumer of `tenant` (of `group` when given), by group and
+/// instance.
+pub async fn consumers(pool: &Pool, tenant: crate::tenancy::Tenant, group: Option<&str>) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let prefix = group.map(|g| format!("{g}/")).unwrap_or_default();
     let rows = client
@@ -27,7 +28,7 @@ pub async fn consumers(pool: &Pool, group: Option<&str>) -> Result<Value, DbErro
             "SELECT key, value::text, updated_at FROM queen.kv
              WHERE ns = $1 AND starts_with(key, $2) AND (expires_at IS NULL OR expires_at > now())
              ORDER BY key",
-            &[&NAMESPACE, &prefix],
+            &[&tenant.stored(NAMESPACE), &prefix],
         )
         .await?;
     let mut slots: std::collections::BTreeMap<String, Slot> = Default::default();

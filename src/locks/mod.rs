@@ -136,8 +136,8 @@ pub fn guard(name: &str, slot: i32, token: i64) -> Value {
     json!({"op": "check", "ns": NAMESPACE, "key": format!("{name}#{slot}"), "expect": token, "required": true})
 }
 
-async fn holders(client: &deadpool_postgres::Client, name: &str) -> Result<Vec<Holder>, DbError> {
-    let rows = client.query(&stmt(client, "SELECT * FROM queen.lock_holders_v2($1)").await?, &[&name]).await?;
+async fn holders(client: &deadpool_postgres::Client, ns: &str, name: &str) -> Result<Vec<Holder>, DbError> {
+    let rows = client.query(&stmt(client, "SELECT * FROM queen.lock_holders_v3($1, $2)").await?, &[&ns, &name]).await?;
     Ok(rows
         .iter()
         .map(|r| Holder { slot: r.get(0), owner: r.get(1), token: r.get(2), since: r.get(3), expires_at: r.get(4), renewed_at: r.get(5), sub: r.get(6) })
@@ -149,16 +149,18 @@ fn holders_json(h: &[Holder]) -> Value {
 }
 
 /// Runs each operation in turn (each is atomic on its own) for the caller
-/// `sub` (its JWT subject; None without authentication); one result per
-/// operation.
-pub async fn run(pool: &Pool, ops: &[LockOp], sub: Option<&str>) -> Result<Vec<Value>, DbError> {
+/// `sub` (its JWT subject; None without authentication) on `tenant`'s
+/// locks; one result per operation.
+pub async fn run(pool: &Pool, tenant: crate::tenancy::Tenant, ops: &[LockOp], sub: Option<&str>) -> Result<Vec<Value>, DbError> {
     let client = pool.get().await?;
+    let ns = tenant.stored(NAMESPACE);
+    let ns = &ns;
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         results.push(match op {
             LockOp::Acquire { name, ttl, owner, limit } => {
                 let owner = owner.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                let row = client.query_opt(&stmt(&client, "SELECT * FROM queen.lock_acquire_v2($1, $2, $3, $4, $5)").await?, &[name, ttl, &owner, limit, &sub]).await?;
+                let row = client.query_opt(&stmt(&client, "SELECT * FROM queen.lock_acquire_v3($1, $2, $3, $4, $5, $6)").await?, &[ns, name, ttl, &owner, limit, &sub]).await?;
                 match row {
                     Some(r) => {
                         let (slot, token, already): (i32, i64, bool) = (r.get(0), r.get(1), r.get(2));
@@ -170,18 +172,18 @@ pub async fn run(pool: &Pool, ops: &[LockOp], sub: Option<&str>) -> Result<Vec<V
                         }
                         v
                     }
-                    None => json!({"acquired": false, "name": name, "reason": "held", "holders": holders_json(&holders(&client, name).await?)}),
+                    None => json!({"acquired": false, "name": name, "reason": "held", "holders": holders_json(&holders(&client, ns, name).await?)}),
                 }
             }
             LockOp::Renew { name, token, ttl, slot, owner } => {
-                let current = holders(&client, name).await?;
+                let current = holders(&client, ns, name).await?;
                 let mine = current.iter().find(|h| h.answers_to(*token, *slot, sub));
                 let renewed = match mine {
                     None => None,
                     Some(h) => {
                         let owner = owner.clone().or_else(|| h.owner.clone());
                         let put = stmt(&client, "SELECT applied, version, expires_at FROM queen.kv_put_v1($1, $2, jsonb_strip_nulls(jsonb_build_object('owner', $3::text, 'sub', $6::text)), $4, $5)").await?;
-                        let r = client.query_one(&put, &[&NAMESPACE, &format!("{name}#{}", h.slot), &owner, ttl, token, &sub]).await?;
+                        let r = client.query_one(&put, &[ns, &format!("{name}#{}", h.slot), &owner, ttl, token, &sub]).await?;
                         r.get::<_, Option<bool>>(0).unwrap_or(false).then(|| (h.slot, r.get::<_, i64>(1), r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(2)))
                     }
                 };
@@ -189,15 +191,15 @@ pub async fn run(pool: &Pool, ops: &[LockOp], sub: Option<&str>) -> Result<Vec<V
                     Some((slot, token, expires)) => {
                         json!({"renewed": true, "name": name, "slot": slot, "token": token, "expiresAt": expires.map(iso_ms), "guard": guard(name, slot, token)})
                     }
-                    None => json!({"renewed": false, "name": name, "reason": "lost", "holders": holders_json(&holders(&client, name).await?)}),
+                    None => json!({"renewed": false, "name": name, "reason": "lost", "holders": holders_json(&holders(&client, ns, name).await?)}),
                 }
             }
             LockOp::Release { name, token, slot } => {
-                let current = holders(&client, name).await?;
+                let current = holders(&client, ns, name).await?;
                 let released = match current.iter().find(|h| h.answers_to(*token, *slot, sub)) {
                     None => false,
                     Some(h) => client
-                        .query_one(&stmt(&client, "SELECT applied FROM queen.kv_delete_v1($1, $2, $3)").await?, &[&NAMESPACE, &format!("{name}#{}", h.slot), token])
+                        .query_one(&stmt(&client, "SELECT applied FROM queen.kv_delete_v1($1, $2, $3)").await?, &[ns, &format!("{name}#{}", h.slot), token])
                         .await?
                         .get::<_, Option<bool>>(0)
                         .unwrap_or(false),
@@ -209,7 +211,7 @@ pub async fn run(pool: &Pool, ops: &[LockOp], sub: Option<&str>) -> Result<Vec<V
                 }
             }
             LockOp::Get { name } => {
-                let h = holders(&client, name).await?;
+                let h = holders(&client, ns, name).await?;
                 json!({"held": !h.is_empty(), "name": name, "holders": holders_json(&h)})
             }
         });
