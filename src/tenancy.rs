@@ -150,8 +150,8 @@ pub fn broker_wide(path: &str) -> bool {
 }
 
 /// The routes whose data is kept per tenant so far: the push, the named
-/// pops, the acks, transactions (without timers riders), lease extension,
-/// KV and locks, configure, the queue listing, the
+/// pops, the acks, transactions, lease extension, KV, locks, timers,
+/// configure, the queue listing, the
 /// routes of one named queue (its lookup, depth and deletion, a group's
 /// cursors on it and their seeks) and the consumer groups. Every other
 /// route is refused while tenancy is on (see the module's doc).
@@ -178,6 +178,9 @@ pub fn isolated(method: &Method, path: &str) -> bool {
         || (method == Method::POST && matches!(path, "/api/v1/kv" | "/api/v1/locks" | "/api/v1/resources/kv/list"))
         || (path.starts_with("/api/v1/kv/") && matches!(*method, Method::GET | Method::PUT | Method::DELETE))
         || (get && matches!(path, "/api/v1/resources/kv/namespaces" | "/api/v1/consumers"))
+        // Timers, kept by their (stored) queue name.
+        || (method == Method::POST && path == "/api/v1/timers")
+        || (path.starts_with("/api/v1/timers/") && (get || method == Method::DELETE))
 }
 
 fn refuse(status: StatusCode, error: &str, code: &str) -> Response {

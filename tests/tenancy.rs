@@ -294,10 +294,6 @@ async fn transactions_are_per_tenant() {
         let (status, again) = call("GET", "/api/v1/pop/queue/in?batch=1&consumerGroup=g&wait=false", tenant, None).await;
         assert_eq!(status, 204, "{tenant}: its message acked by its own bundle: {again}");
     }
-    // Timers riders (not per tenant yet) are refused, writing nothing.
-    let (status, riders) = call("POST", "/api/v1/transaction", OTHER,
-        Some(json!({"operations": [{"type": "push", "items": [{"queue": "out", "payload": 1}]}], "timers": [{"queue": "out", "key": "t", "delaySeconds": 5, "payload": 1}]}))).await;
-    assert_eq!((status, &riders["success"]), (403, &json!(false)), "{riders}");
 }
 
 /// KV and locks in two tenants with the same namespaces, keys and lock
@@ -360,6 +356,49 @@ async fn kv_and_locks_are_per_tenant() {
     // Direct KV access to the locks' namespace stays refused for every tenant.
     let (status, _) = call("GET", "/api/v1/kv/queen-locks/L%230", OTHER, None).await;
     assert_eq!(status, 403);
+}
+
+/// Timers in two tenants on one queue name and one key: each schedules,
+/// lists, peeks and cancels its own, and a fired timer is a message of its
+/// own tenant's queue; a transaction's timers rider too.
+#[tokio::test]
+async fn timers_are_per_tenant() {
+    use base64::Engine as _;
+    let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
+    let call = |method: &'static str, path: &str, tenant: &'static str, body: Option<Value>| as_tenant(&b, method, path.into(), tenant, body);
+    let schedule = |key: &str, tenant: &str, delay: i64| {
+        let payload = base64::engine::general_purpose::STANDARD.encode(json!({"t": tenant}).to_string());
+        json!({"op": "schedule", "queue": "tq", "timerKey": key, "payload": payload, "delayMs": delay})
+    };
+    for tenant in [DEFAULT, OTHER] {
+        let (status, r) = call("POST", "/api/v1/timers", tenant, Some(json!({"operations": [schedule("soon", tenant, 300), schedule("late", tenant, 3_600_000)]}))).await;
+        assert_eq!((status, &r["results"][0]["status"], &r["results"][0]["queue"]), (200, &json!("scheduled"), &json!("tq")), "{r}");
+    }
+    let rider = json!({"operations": [], "timers": [schedule("rider", OTHER, 3_600_000)]});
+    let (_, done) = call("POST", "/api/v1/transaction", OTHER, Some(rider)).await;
+    assert_eq!(done["success"], true, "{done}");
+    // DEFAULT cancels its own `late`: OTHER's stays.
+    let (_, cancel) = call("DELETE", "/api/v1/timers/tq/late", DEFAULT, None).await;
+    assert_eq!((&cancel["ok"], &cancel["queue"]), (&json!(true), &json!("tq")), "{cancel}");
+    assert_eq!(call("GET", "/api/v1/timers/tq/late", DEFAULT, None).await.1["found"], false);
+    let (_, peek) = call("GET", "/api/v1/timers/tq/late", OTHER, None).await;
+    assert_eq!((&peek["found"], &peek["queue"]), (&json!(true), &json!("tq")), "{peek}");
+    assert_eq!(call("GET", "/api/v1/timers/tq/rider", DEFAULT, None).await.1["found"], false);
+    let (_, count) = call("GET", "/api/v1/timers/tq?mode=count", OTHER, None).await;
+    assert_eq!(count["count"].as_i64(), Some(3), "soon, late and the rider's: {count}");
+    // Fired: each tenant's queue holds its own message.
+    for tenant in [DEFAULT, OTHER] {
+        let mut got = Vec::new();
+        for _ in 0..200 {
+            let (status, body) = call("GET", "/api/v1/pop/queue/tq?batch=10&autoAck=true&wait=false", tenant, None).await;
+            if status == 200 {
+                got.extend(body["messages"].as_array().unwrap().iter().map(|m| m["data"]["t"].clone()));
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(got, vec![json!(tenant)], "{tenant} gets its own timer's message only");
+    }
 }
 
 /// A database of the schema before 0039, holding a queue with messages,

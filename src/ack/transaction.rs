@@ -182,15 +182,14 @@ pub async fn run(
         None => return Err(TxnError::BadRequest("transaction requires an operations array".into())),
     };
     let rider = |r: Option<&RawValue>| r.is_some_and(|r| !matches!(r.get().trim(), "null" | "[]"));
-    if owners.is_some() && rider(parsed.timers) {
-        return Err(TxnError::RidersDisabled("with tenancy on, timers riders are not served yet (timers are not kept per tenant)"));
-    }
     let timer_ops = match (rider(parsed.timers), riders.timers) {
         (false, _) => Vec::new(),
         (true, false) => return Err(TxnError::RidersDisabled("timers riders are switched off (/api/v1/system/kv-timers)")),
         (true, true) => {
             let v: Value = serde_json::from_str(parsed.timers.expect("a rider").get()).map_err(|e| TxnError::BadRequest(format!("timers: {e}")))?;
-            crate::timers::parse(&v, "timers").map_err(TxnError::BadRequest)?
+            let mut ops = crate::timers::parse(&v, "timers").map_err(TxnError::BadRequest)?;
+            ops.iter_mut().for_each(|op| op.own(tenant));
+            ops
         }
     };
     let kv_ops = match (rider(parsed.kv), riders.kv) {

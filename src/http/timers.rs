@@ -14,6 +14,7 @@ use super::auth::Principal;
 use super::kv::{envelope, json_body, unavailable};
 use super::query::Params;
 use super::AppState;
+use crate::tenancy::Tenant;
 use crate::timers::{self, TimerOp};
 
 fn bad(detail: String) -> Response {
@@ -21,7 +22,7 @@ fn bad(detail: String) -> Response {
 }
 
 /// `POST /api/v1/timers` `{operations: [...]}` (or a bare array).
-pub async fn batch(State(state): State<AppState>, principal: Option<axum::Extension<Principal>>, headers: HeaderMap, raw: axum::body::Body) -> Response {
+pub async fn batch(State(state): State<AppState>, tenant: Tenant, principal: Option<axum::Extension<Principal>>, headers: HeaderMap, raw: axum::body::Body) -> Response {
     if !state.timers_enabled() {
         return envelope(StatusCode::SERVICE_UNAVAILABLE, "timers_disabled", "disabled", "timers are switched off (/api/v1/system/kv-timers)");
     }
@@ -30,10 +31,11 @@ pub async fn batch(State(state): State<AppState>, principal: Option<axum::Extens
         Err(r) => return r,
     };
     let operations = if v.is_array() { &v } else { v.get("operations").unwrap_or(&Value::Null) };
-    let ops = match timers::parse(operations, "operations") {
+    let mut ops = match timers::parse(operations, "operations") {
         Ok(ops) => ops,
         Err(detail) => return bad(detail),
     };
+    ops.iter_mut().for_each(|op| op.own(tenant));
     // Scheduling is a producer's (write-only); cancelling destroys what
     // another scheduled, as DELETE /api/v1/timers/… does: read-write.
     if let Some(i) = ops.iter().position(|op| matches!(op, TimerOp::Cancel { .. })) {
@@ -59,7 +61,8 @@ pub async fn batch(State(state): State<AppState>, principal: Option<axum::Extens
 }
 
 /// `GET /api/v1/timers/{queue}` (`after`, `limit`; `mode=count&prefix=`).
-pub async fn list(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Response {
+pub async fn list(State(state): State<AppState>, tenant: Tenant, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Response {
+    let queue = tenant.stored(&queue);
     let p = match Params::parse(q) {
         Ok(p) => p,
         Err(e) => return bad(e.to_string()),
@@ -78,12 +81,13 @@ pub async fn list(State(state): State<AppState>, Path(queue): Path<String>, RawQ
 }
 
 /// `GET /api/v1/timers/{queue}/{key…}`: the pending timer or `{found: false}`.
-pub async fn peek(State(state): State<AppState>, Path((queue, key)): Path<(String, String)>) -> Response {
-    timers::peek(&state.pool, state.coalescer.encryption().ring(), &queue, &key).await.map(|v| Json(v).into_response()).unwrap_or_else(unavailable)
+pub async fn peek(State(state): State<AppState>, tenant: Tenant, Path((queue, key)): Path<(String, String)>) -> Response {
+    timers::peek(&state.pool, state.coalescer.encryption().ring(), &tenant.stored(&queue), &key).await.map(|v| Json(v).into_response()).unwrap_or_else(unavailable)
 }
 
 /// `DELETE /api/v1/timers/{queue}/{key…}` (`?txn=`): one cancel result.
-pub async fn cancel(State(state): State<AppState>, Path((queue, key)): Path<(String, String)>, RawQuery(q): RawQuery) -> Response {
+pub async fn cancel(State(state): State<AppState>, tenant: Tenant, Path((queue, key)): Path<(String, String)>, RawQuery(q): RawQuery) -> Response {
+    let queue = tenant.stored(&queue);
     let txn = match Params::parse(q) {
         Ok(p) => p.text("txn"),
         Err(e) => return bad(e.to_string()),

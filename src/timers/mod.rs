@@ -70,6 +70,15 @@ pub enum TimerOp {
     Cancel { queue: String, key: String, txn: Option<String> },
 }
 
+impl TimerOp {
+    /// Moves the operation to `tenant`'s queue of the same name.
+    pub fn own(&mut self, tenant: crate::tenancy::Tenant) {
+        match self {
+            TimerOp::Schedule { queue, .. } | TimerOp::Cancel { queue, .. } => *queue = tenant.stored(queue),
+        }
+    }
+}
+
 /// Reads `operations` (the route's body or a transaction's `timers`); the
 /// error names the operation and the field.
 pub fn parse(operations: &Value, at: &str) -> Result<Vec<TimerOp>, String> {
@@ -194,7 +203,7 @@ pub async fn run<C: GenericClient>(
 }
 
 fn verdict_json(queue: &str, key: &str, r: &tokio_postgres::Row) -> Value {
-    json!({"ok": r.get::<_, Option<bool>>(0).unwrap_or(false), "status": r.get::<_, Option<String>>(1), "queue": queue, "timerKey": key,
+    json!({"ok": r.get::<_, Option<bool>>(0).unwrap_or(false), "status": r.get::<_, Option<String>>(1), "queue": crate::tenancy::shown(queue), "timerKey": key,
            "txn": r.get::<_, Option<String>>(2), "messageId": r.get::<_, Option<Uuid>>(3),
            "deliverAt": r.get::<_, Option<chrono::DateTime<chrono::Utc>>>(4).map(iso_ms)})
 }
@@ -210,7 +219,7 @@ pub async fn peek(pool: &deadpool_postgres::Pool, ring: Option<&crate::crypto::K
         )
         .await?;
     Ok(match row {
-        None => json!({"found": false, "queue": queue, "timerKey": key}),
+        None => json!({"found": false, "queue": crate::tenancy::shown(queue), "timerKey": key}),
         Some(r) => {
             let message_id: Uuid = r.get(3);
             let sealed: Option<Vec<u8>> = r.get(9);
@@ -222,7 +231,7 @@ pub async fn peek(pool: &deadpool_postgres::Pool, ring: Option<&crate::crypto::K
                     Err(e) => (Value::Null, Some(format!("decrypt failed: {e}"))),
                 },
             };
-            let mut v = json!({"found": true, "queue": queue, "timerKey": key, "partition": r.get::<_, String>(0),
+            let mut v = json!({"found": true, "queue": crate::tenancy::shown(queue), "timerKey": key, "partition": r.get::<_, String>(0),
                                "payload": payload, "encrypted": sealed.is_some(),
                                "txn": r.get::<_, String>(2), "messageId": message_id, "deliverAt": iso_ms(r.get(4)),
                                "attempts": r.get::<_, i32>(5), "createdAt": iso_ms(r.get(6)), "updatedAt": iso_ms(r.get(7)),
@@ -256,7 +265,7 @@ pub async fn list(pool: &deadpool_postgres::Pool, queue: &str, after: Option<&st
         })
         .collect();
     let next = if truncated { out.last().map(|r| r["timerKey"].clone()).unwrap_or(Value::Null) } else { Value::Null };
-    Ok(json!({"queue": queue, "rows": out, "truncated": truncated, "nextAfter": next}))
+    Ok(json!({"queue": crate::tenancy::shown(queue), "rows": out, "truncated": truncated, "nextAfter": next}))
 }
 
 /// `GET /api/v1/timers/{queue}?mode=count&prefix=`: pending timers whose
@@ -268,7 +277,7 @@ pub async fn count(pool: &deadpool_postgres::Pool, queue: &str, prefix: &str) ->
         .query_one("SELECT count(*) FROM queen.timers WHERE queue = $1 AND starts_with(timer_key, $2)", &[&queue, &prefix])
         .await?
         .get(0);
-    Ok(json!({"queue": queue, "prefix": prefix, "count": n}))
+    Ok(json!({"queue": crate::tenancy::shown(queue), "prefix": prefix, "count": n}))
 }
 
 #[cfg(test)]
