@@ -63,6 +63,26 @@ impl Tenant {
         self.inner(name).into_owned()
     }
 
+    /// An SQL condition true of the stored names in column `col` that are
+    /// this tenant's (the text holds only the tenant's UUID, no input).
+    pub fn owns_sql(&self, col: &str) -> String {
+        if self.is_default() {
+            format!("left({col}, 1) <> chr(1)")
+        } else {
+            format!("starts_with({col}, chr(1) || '{}' || chr(1))", self.0.hyphenated())
+        }
+    }
+
+    /// An SQL expression of the name in column `col` as this tenant knows
+    /// it (on a name [`Tenant::owns_sql`] holds of).
+    pub fn shown_sql(&self, col: &str) -> String {
+        if self.is_default() {
+            col.to_string()
+        } else {
+            format!("substr({col}, 39)")
+        }
+    }
+
     /// Moves push items to this tenant's queues: their stored names, each
     /// distinct name mapped once (a request's items mostly share one).
     pub fn own(&self, items: &mut [crate::push::PushItem<'_>]) {
@@ -144,7 +164,7 @@ pub fn broker_wide(path: &str) -> bool {
         "/" | "/health" | "/metrics" | "/metrics/prometheus" | "/status" | "/api/v1/openapi.json"
             | "/auth/login" | "/auth/logout" | "/auth/me"
             | "/api/v1/status/buffers" | "/api/v1/analytics/system-metrics" | "/api/v1/analytics/worker-metrics"
-            | "/api/v1/analytics/postgres-stats"
+            | "/api/v1/analytics/postgres-stats" | "/api/v1/analytics/queue-parked-replicas"
     ) || path.starts_with("/dashboard/")
         || path.starts_with("/api/v1/system/")
 }
@@ -178,6 +198,15 @@ pub fn isolated(method: &Method, path: &str) -> bool {
         || (method == Method::POST && matches!(path, "/api/v1/kv" | "/api/v1/locks" | "/api/v1/resources/kv/list"))
         || (path.starts_with("/api/v1/kv/") && matches!(*method, Method::GET | Method::PUT | Method::DELETE))
         || (get && matches!(path, "/api/v1/resources/kv/namespaces" | "/api/v1/consumers"))
+        // Dead letters and messages (by the tenant's queue names and
+        // partition ids), traces (by partition id and the tenant's names),
+        // the reads by offset, the status and analytics reads and the
+        // resource roll-ups (confined to the tenant's queues).
+        || (path.starts_with("/api/v1/messages") || path.starts_with("/api/v1/dlq") || path.starts_with("/api/v1/traces")
+            || path.starts_with("/api/v1/status") || path.starts_with("/api/v1/analytics/"))
+        || (method == Method::POST && matches!(path, "/api/v1/fetch" | "/api/v1/partitions/changed" | "/api/v1/stats/refresh"))
+        || (get && matches!(path, "/api/v1/resources/overview" | "/api/v1/resources/namespaces" | "/api/v1/resources/tasks"))
+        || (method == Method::POST && path.starts_with("/api/v1/consumer-groups/") && path.ends_with("/subscription"))
         // Timers, kept by their (stored) queue name.
         || (method == Method::POST && path == "/api/v1/timers")
         || (path.starts_with("/api/v1/timers/") && (get || method == Method::DELETE))
@@ -338,14 +367,17 @@ mod tests {
             (Method::GET, "/api/v1/consumer-groups/g"),
             (Method::DELETE, "/api/v1/consumer-groups/g"),
             (Method::PUT, "/api/v1/kv/ns/a/b"),
+            (Method::GET, "/api/v1/messages"),
+            (Method::POST, "/api/v1/consumer-groups/g/subscription"),
+            (Method::GET, "/api/v1/analytics/queue-lag"),
             (Method::POST, "/api/v1/locks"),
             (Method::GET, "/api/v1/resources/kv/namespaces"),
         ];
         let no = [
             (Method::GET, "/api/v1/pop"),
-            (Method::POST, "/api/v1/consumer-groups/g/subscription"),
             (Method::GET, "/api/v1/resources/queues/q/other/depth"),
-            (Method::GET, "/api/v1/messages"),
+            (Method::GET, "/api/v1/ephemeral/queues"),
+            (Method::POST, "/streams/v1/cycle"),
         ];
         for (m, p) in yes {
             assert!(isolated(&m, p), "{m} {p}");

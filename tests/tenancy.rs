@@ -73,7 +73,7 @@ async fn the_header_chooses_the_tenant_and_what_it_cannot_serve_is_refused_and_c
     // With tenancy on, a route whose data is not per tenant yet serves no
     // one: it would read across every tenant's queues.
     for t in [Some(OTHER), None, Some(DEFAULT)] {
-        let (status, body) = send(&b, "GET", "/api/v1/messages", t, None).await;
+        let (status, body) = send(&b, "GET", "/api/v1/ephemeral/queues", t, None).await;
         assert_eq!((status, &body["code"]), (403, &json!("tenant_unsupported")), "{t:?}: {body}");
     }
     // No header, a blank one, or the default tenant named: served.
@@ -120,7 +120,7 @@ async fn a_tenant_claim_names_the_tenant_and_a_header_that_disagrees_is_refused(
     assert_eq!((status, &body["code"]), (403, &json!("tenant_mismatch")), "{body}");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&none)).await.1["code"], "tenant_claim_missing");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&junk)).await.1["code"], "tenant_claim_invalid");
-    assert_eq!(send(&b, "GET", "/api/v1/messages", None, Some(&other)).await.1["code"], "tenant_unsupported");
+    assert_eq!(send(&b, "GET", "/api/v1/ephemeral/queues", None, Some(&other)).await.1["code"], "tenant_unsupported");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&other)).await.0, 201, "push is per tenant");
     let (status, me) = send(&b, "GET", "/auth/me", None, Some(&other)).await;
     assert_eq!((status, &me["tenant"], &me["subject"]), (200, &json!(OTHER), &json!("b")));
@@ -399,6 +399,83 @@ async fn timers_are_per_tenant() {
         }
         assert_eq!(got, vec![json!(tenant)], "{tenant} gets its own timer's message only");
     }
+}
+
+/// Dead letters, messages, traces and the status reads in two tenants with
+/// the same queue, partition, transactionIds and trace names: each lists,
+/// reads, replays and deletes its own; another tenant's partition id or
+/// dead-letter id answers 404 as an unknown one, and changes nothing.
+#[tokio::test]
+async fn dead_letters_messages_traces_and_status_are_per_tenant() {
+    let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
+    let call = |method: &'static str, path: String, tenant: &'static str, body: Option<Value>| as_tenant(&b, method, path, tenant, body);
+    // In each tenant: `poison` and `other` dead-lettered, `fine` consumed.
+    let mut pids = Vec::new();
+    for tenant in [DEFAULT, OTHER] {
+        let items: Vec<Value> = ["fine", "poison", "other"].iter().map(|t| json!({"queue": "dq", "partition": "p", "transactionId": t, "payload": {"t": tenant}})).collect();
+        assert_eq!(call("POST", "/api/v1/push".into(), tenant, Some(json!({"items": items}))).await.0, 201);
+        let mut pid = String::new();
+        for _ in 0..3 {
+            let (_, pop) = call("GET", "/api/v1/pop/queue/dq?batch=1&consumerGroup=g".into(), tenant, None).await;
+            let m = &pop["messages"][0];
+            pid = m["partitionId"].as_str().unwrap().to_string();
+            let status = if m["transactionId"] == "fine" { "completed" } else { "dlq" };
+            let ack = json!({"transactionId": m["transactionId"], "partitionId": pid, "status": status, "error": "bad", "consumerGroup": "g", "leaseId": pop["leaseId"]});
+            let (_, acked) = call("POST", "/api/v1/ack".into(), tenant, Some(ack)).await;
+            assert_eq!(acked[0]["success"], true, "{acked}");
+        }
+        let trace = json!({"transactionId": "fine", "partitionId": pid, "traceNames": ["order-1"], "data": {"t": tenant}});
+        assert_eq!(call("POST", "/api/v1/traces".into(), tenant, Some(trace)).await.0, 200);
+        pids.push(pid);
+    }
+    let (default_pid, other_pid) = (pids[0].clone(), pids[1].clone());
+    for (tenant, pid) in [(DEFAULT, &default_pid), (OTHER, &other_pid)] {
+        let (_, dlq) = call("GET", "/api/v1/dlq?queue=dq".into(), tenant, None).await;
+        assert_eq!(dlq["total"], 2, "{tenant}: {dlq}");
+        assert!(dlq["messages"].as_array().unwrap().iter().all(|m| m["queue"] == "dq" && m["data"]["t"] == tenant), "{dlq}");
+        let (_, listed) = call("GET", "/api/v1/messages?queue=dq".into(), tenant, None).await;
+        assert_eq!(listed["total"], 3, "{listed}");
+        assert!(listed["messages"].as_array().unwrap().iter().all(|m| m["queue"] == "dq" && m["data"]["t"] == tenant), "{listed}");
+        let (_, all) = call("GET", "/api/v1/messages".into(), tenant, None).await;
+        assert_eq!(all["total"], 3, "no other tenant's messages without a queue filter: {all}");
+        let (status, one) = call("GET", format!("/api/v1/messages/{pid}/fine"), tenant, None).await;
+        assert_eq!((status, &one["queue"]), (200, &json!("dq")), "{one}");
+        let (_, traces) = call("GET", format!("/api/v1/traces/{pid}/fine"), tenant, None).await;
+        assert_eq!((traces["count"].as_i64(), &traces["queue"]), (Some(1), &json!("dq")), "{traces}");
+        let (_, named) = call("GET", "/api/v1/traces/by-name/order-1".into(), tenant, None).await;
+        assert_eq!(named["traces"].as_array().map(Vec::len), Some(1), "{named}");
+        assert_eq!((&named["traceName"], &named["traces"][0]["data"]["t"], &named["traces"][0]["traceNames"]), (&json!("order-1"), &json!(tenant), &json!(["order-1"])));
+        let (_, names) = call("GET", "/api/v1/traces/names?search=order".into(), tenant, None).await;
+        assert_eq!((&names["total"], &names["names"][0]["name"]), (&json!(1), &json!("order-1")), "{names}");
+        let (_, queues) = call("GET", "/api/v1/status/queues".into(), tenant, None).await;
+        assert_eq!((&queues["total"], &queues["queues"][0]["name"]), (&json!(1), &json!("dq")), "{queues}");
+        let (_, overview) = call("GET", "/api/v1/resources/overview".into(), tenant, None).await;
+        assert_eq!((&overview["queues"], &overview["deadLetters"]), (&json!(1), &json!(2)), "{overview}");
+        let (_, lag) = call("GET", "/api/v1/analytics/queue-lag".into(), tenant, None).await;
+        assert!(lag.to_string().contains("\"dq\"") && !lag.to_string().contains("\\u0001"), "{lag}");
+    }
+    // Another tenant's partition id: as unknown.
+    let foreign = other_pid.clone();
+    assert_eq!(call("GET", format!("/api/v1/messages/{foreign}/fine"), DEFAULT, None).await.0, 404);
+    assert_eq!(call("GET", format!("/api/v1/traces/{foreign}/fine"), DEFAULT, None).await.0, 404);
+    let (s1, t1) = call("POST", "/api/v1/traces".into(), DEFAULT, Some(json!({"transactionId": "fine", "partitionId": foreign, "data": 1}))).await;
+    let (s2, t2) = call("POST", "/api/v1/traces".into(), DEFAULT, Some(json!({"transactionId": "fine", "partitionId": "987654321", "data": 1}))).await;
+    assert_eq!((s1, s2), (404, 404), "{t1} {t2}");
+    assert_eq!(call("POST", format!("/api/v1/messages/{foreign}/poison/retry"), DEFAULT, Some(json!({}))).await.0, 404);
+    assert_eq!(call("DELETE", format!("/api/v1/messages/{foreign}/other"), DEFAULT, None).await.0, 404);
+    let (_, other_dlq) = call("GET", "/api/v1/dlq?queue=dq".into(), OTHER, None).await;
+    let other_id = other_dlq["messages"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(call("POST", format!("/api/v1/dlq/{other_id}/replay"), DEFAULT, Some(json!({}))).await.0, 404);
+    assert_eq!(call("GET", "/api/v1/dlq?queue=dq".into(), OTHER, None).await.1["total"], 2, "nothing of OTHER's changed");
+    // Each replays and deletes its own; a purge takes only the caller's.
+    let (status, replayed) = call("POST", format!("/api/v1/messages/{other_pid}/poison/retry"), OTHER, Some(json!({}))).await;
+    assert_eq!((status, &replayed["queue"], &replayed["replayedAs"]["queueName"]), (200, &json!("dq"), &json!("dq")), "{replayed}");
+    assert_eq!(call("DELETE", format!("/api/v1/messages/{other_pid}/other"), OTHER, None).await.0, 200);
+    assert_eq!(call("GET", "/api/v1/dlq?queue=dq".into(), OTHER, None).await.1["total"], 0);
+    let (_, purged) = call("DELETE", "/api/v1/dlq?queue=dq".into(), DEFAULT, None).await;
+    assert_eq!((&purged["deleted"], &purged["queue"]), (&json!(2), &json!("dq")), "{purged}");
+    let (_, again) = call("GET", "/api/v1/pop/queue/dq?batch=10&consumerGroup=g&wait=false".into(), OTHER, None).await;
+    assert_eq!(again["messages"][0]["data"]["t"], OTHER, "the replay went to OTHER's queue: {again}");
 }
 
 /// A database of the schema before 0039, holding a queue with messages,

@@ -13,6 +13,7 @@ use crate::db::DbError;
 /// The listing filters.
 #[derive(Debug, Clone, Default)]
 pub struct DlqFilter {
+    /// The stored name (`tenancy`): the tenant's dead letters only.
     pub queue: String,
     pub group: Option<String>,
     pub partition: Option<String>,
@@ -50,7 +51,7 @@ pub async fn list(pool: &Pool, ring: Option<&crate::crypto::KeyRing>, f: &DlqFil
                 "id": r.get::<_, i64>(0).to_string(),
                 "transactionId": r.get::<_, String>(1),
                 "partitionId": r.get::<_, i64>(2).to_string(),
-                "queue": r.get::<_, String>(3),
+                "queue": crate::tenancy::shown(r.get::<_, &str>(3)),
                 "partition": r.get::<_, Option<String>>(4),
                 "consumerGroup": r.get::<_, String>(5),
                 "errorMessage": r.get::<_, Option<String>>(6),

@@ -170,12 +170,13 @@ pub async fn seek(pool: &Pool, group: &str, queue: &str, to_end: bool, ts: Optio
 
 /// Moves the durable subscription cutoff of every queue the group is
 /// subscribed to; returns how many records changed.
-pub async fn set_subscription(pool: &Pool, group: &str, ts: chrono::DateTime<chrono::Utc>) -> Result<u64, DbError> {
+pub async fn set_subscription(pool: &Pool, tenant: Tenant, group: &str, ts: chrono::DateTime<chrono::Utc>) -> Result<u64, DbError> {
     let client = pool.get().await?;
     Ok(client
         .execute(
-            "UPDATE queen.subscriptions SET subscription_timestamp = $2, subscription_mode = 'timestamp' WHERE consumer_group = $1",
-            &[&group, &ts],
+            "UPDATE queen.subscriptions s SET subscription_timestamp = $2, subscription_mode = 'timestamp'
+             FROM queen.queues q WHERE s.consumer_group = $1 AND q.id = s.queue_id AND q.tenant_id = $3",
+            &[&group, &ts, &tenant.0],
         )
         .await?)
 }

@@ -22,6 +22,7 @@ use crate::db::DbError;
 use crate::log::{decompress_frames, FrameReader, SEGMENT_LIMIT};
 use crate::log::legacy_index_hash;
 use crate::push::{Coalescer, PushItem};
+use crate::tenancy::Tenant;
 
 /// Most messages one listing call decodes, whatever the filters.
 const SCAN_CAP: usize = 10_000;
@@ -142,15 +143,16 @@ async fn find(client: &impl GenericClient, ring: Option<&KeyRing>, pid: i64, txn
     Ok(None)
 }
 
-/// `GET /api/v1/messages/{partitionId}/{transactionId}`; `None` = 404.
-pub async fn detail(pool: &Pool, ring: Option<&KeyRing>, pid: i64, txn: &str) -> Result<Option<Value>, DbError> {
+/// `GET /api/v1/messages/{partitionId}/{transactionId}` in `tenant`'s
+/// queues; `None` = 404 (another tenant's partition too).
+pub async fn detail(pool: &Pool, ring: Option<&KeyRing>, tenant: Tenant, pid: i64, txn: &str) -> Result<Option<Value>, DbError> {
     let client = pool.get().await?;
     let Some(q) = client
         .query_opt(
             "SELECT p.name, q.name, q.namespace, q.task, q.lease_time, q.retry_limit, q.dead_letter_queue,
                     q.delayed_processing, q.window_buffer, q.dedup_window_seconds
-             FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = $1",
-            &[&pid],
+             FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = $1 AND q.tenant_id = $2",
+            &[&pid, &tenant.0],
         )
         .await?
     else {
@@ -210,8 +212,8 @@ pub async fn detail(pool: &Pool, ring: Option<&KeyRing>, pid: i64, txn: &str) ->
         "partitionId": pid.to_string(),
         "partition": q.get::<_, String>(0),
         "isEncrypted": found.encrypted,
-        "queue": q.get::<_, String>(1),
-        "queuePath": format!("{}/{}", q.get::<_, String>(1), q.get::<_, String>(0)),
+        "queue": crate::tenancy::shown(q.get::<_, &str>(1)),
+        "queuePath": format!("{}/{}", crate::tenancy::shown(q.get::<_, &str>(1)), q.get::<_, String>(0)),
         "namespace": q.get::<_, String>(2),
         "task": q.get::<_, String>(3),
         "status": status,
@@ -230,11 +232,16 @@ pub async fn detail(pool: &Pool, ring: Option<&KeyRing>, pid: i64, txn: &str) ->
 }
 
 /// `DELETE /api/v1/messages/{partitionId}/{transactionId}`: removes the
-/// dead-letter rows of that address; false when there are none.
-pub async fn delete_dead_letter(pool: &Pool, pid: i64, txn: &str) -> Result<bool, DbError> {
+/// dead-letter rows of that address in `tenant`'s queues; false when there
+/// are none.
+pub async fn delete_dead_letter(pool: &Pool, tenant: Tenant, pid: i64, txn: &str) -> Result<bool, DbError> {
     let client = pool.get().await?;
     let n = client
-        .execute("DELETE FROM queen.dead_letters WHERE partition_id = $1 AND transaction_id = $2", &[&pid, &txn])
+        .execute(
+            "DELETE FROM queen.dead_letters d USING queen.queues q
+             WHERE d.partition_id = $1 AND d.transaction_id = $2 AND q.id = d.queue_id AND q.tenant_id = $3",
+            &[&pid, &txn, &tenant.0],
+        )
         .await?;
     Ok(n > 0)
 }
@@ -271,10 +278,11 @@ pub struct ReplayTarget {
 /// replay is a duplicate, not a second copy), then removes the row. An
 /// encrypted snapshot is opened here and sealed again by the push (under
 /// the current key, bound to the replay's new message id). `None` = no such
-/// row.
+/// row in `tenant`'s queues. `target.queue` is a stored name.
 pub async fn replay_dead_letter(
     pool: &Pool,
     coalescer: &Coalescer,
+    tenant: Tenant,
     which: DeadLetter<'_>,
     target: &ReplayTarget,
 ) -> Result<Option<Replayed>, DbError> {
@@ -291,12 +299,12 @@ pub async fn replay_dead_letter(
     let row = match which {
         DeadLetter::Address { partition_id, transaction_id } => {
             tx.query_opt(
-                &format!("{COLUMNS} WHERE d.partition_id = $1 AND d.transaction_id = $2 ORDER BY d.id DESC LIMIT 1 FOR UPDATE OF d"),
-                &[&partition_id, &transaction_id],
+                &format!("{COLUMNS} WHERE d.partition_id = $1 AND d.transaction_id = $2 AND q.tenant_id = $3 ORDER BY d.id DESC LIMIT 1 FOR UPDATE OF d"),
+                &[&partition_id, &transaction_id, &tenant.0],
             )
             .await?
         }
-        DeadLetter::Id(id) => tx.query_opt(&format!("{COLUMNS} WHERE d.id = $1 FOR UPDATE OF d"), &[&id]).await?,
+        DeadLetter::Id(id) => tx.query_opt(&format!("{COLUMNS} WHERE d.id = $1 AND q.tenant_id = $2 FOR UPDATE OF d"), &[&id, &tenant.0]).await?,
     };
     let Some(row) = row else { return Ok(None) };
     let dlq_id: i64 = row.get(0);
@@ -343,10 +351,10 @@ pub async fn replay_dead_letter(
     let answer = json!({
         "success": true,
         "result": if status == "queued" { "moved" } else { "duplicate" },
-        "queue": queue, "partition": partition, "consumerGroup": group,
+        "queue": crate::tenancy::shown(&queue), "partition": partition, "consumerGroup": group,
         "dlqId": dlq_id.to_string(), "originalTransactionId": original_txn,
         "replayedAs": {"index": 0, "message_id": message_id.to_string(), "transaction_id": replay_txn,
-                       "queueName": queue, "status": status, "offset": offset},
+                       "queueName": crate::tenancy::shown(&queue), "status": status, "offset": offset},
         "dlqRowRemoved": removed,
     });
     Ok(Some(Replayed { answer, queue, partition, partition_id, queued: status == "queued" }))
@@ -355,6 +363,8 @@ pub async fn replay_dead_letter(
 /// The listing filters of `GET /api/v1/messages`.
 #[derive(Debug, Clone, Default)]
 pub struct MessageFilter {
+    /// Whose queues are listed (`tenancy`); `queue` is a stored name.
+    pub tenant: Tenant,
     pub queue: Option<String>,
     pub partition: Option<String>,
     pub namespace: Option<String>,
@@ -371,14 +381,15 @@ const LIST_WHERE: &str = "FROM queen.segments s
     JOIN queen.queues q ON q.id = p.queue_id
     WHERE ($1::text IS NULL OR q.name = $1) AND ($2::text IS NULL OR p.name = $2)
       AND ($3::text IS NULL OR q.namespace = $3) AND ($4::text IS NULL OR q.task = $4)
-      AND ($5::timestamptz IS NULL OR s.created_at >= $5) AND ($6::timestamptz IS NULL OR s.created_at <= $6)";
+      AND ($5::timestamptz IS NULL OR s.created_at >= $5) AND ($6::timestamptz IS NULL OR s.created_at <= $6)
+      AND q.tenant_id = $7";
 
 /// `GET /api/v1/messages`: newest first. `total` counts the stored messages
 /// matching every filter but `status`, which is derived per message; at most
 /// 10,000 messages are decoded per call.
 pub async fn list(pool: &Pool, ring: Option<&KeyRing>, f: &MessageFilter) -> Result<Value, DbError> {
     let client = pool.get().await?;
-    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&f.queue, &f.partition, &f.namespace, &f.task, &f.from, &f.to];
+    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [&f.queue, &f.partition, &f.namespace, &f.task, &f.from, &f.to, &f.tenant.0];
     let total: i64 = client
         .query_one(&format!("SELECT COALESCE(sum(s.msg_count), 0)::bigint {LIST_WHERE}"), &args)
         .await?
@@ -433,7 +444,7 @@ pub async fn list(pool: &Pool, ring: Option<&KeyRing>, f: &MessageFilter) -> Res
                     "transactionId": fr.transaction_id,
                     "partitionId": pid.to_string(),
                     "partition": r.get::<_, String>(1),
-                    "queue": r.get::<_, String>(2),
+                    "queue": crate::tenancy::shown(r.get::<_, &str>(2)),
                     "data": raw_json(shown.json.clone()),
                     "traceId": fr.trace_id.map(|t| t.to_string()),
                     "producerSub": fr.producer_sub,

@@ -117,38 +117,55 @@ pub async fn delete_queue(pool: &Pool, queue: &str) -> Result<Value, DbError> {
     })
 }
 
-/// `GET /api/v1/resources/overview`
-pub async fn overview(pool: &Pool) -> Result<Value, DbError> {
+/// `GET /api/v1/resources/overview`: of every queue, or with tenancy on
+/// (`tenant` given) of the tenant's.
+pub async fn overview(pool: &Pool, tenant: Option<Tenant>) -> Result<Value, DbError> {
     let client = pool.get().await?;
-    let r = client
-        .query_one(
-            "SELECT (SELECT count(*) FROM queen.queues)::bigint,
+    let sql = match tenant {
+        None => "SELECT (SELECT count(*) FROM queen.queues)::bigint,
                     (SELECT count(*) FROM queen.partitions)::bigint,
                     (SELECT COALESCE(sum(last_offset + 1 - log_start), 0) FROM queen.partitions)::bigint,
                     (SELECT count(DISTINCT consumer_group) FROM queen.consumers)::bigint,
                     (SELECT count(*) FROM queen.dead_letters)::bigint,
                     (SELECT count(DISTINCT namespace) FROM queen.queues WHERE namespace <> '')::bigint,
                     (SELECT count(DISTINCT task) FROM queen.queues WHERE task <> '')::bigint,
-                    (SELECT count(*) FROM queen.consumers WHERE lease_expires_at > now())::bigint",
-            &[],
-        )
-        .await?;
+                    (SELECT count(*) FROM queen.consumers WHERE lease_expires_at > now())::bigint"
+            .to_string(),
+        Some(t) => {
+            let owns = t.owns_sql("q.name");
+            let parts = format!("queen.partitions p JOIN queen.queues q ON q.id = p.queue_id AND {owns}");
+            let cursors = format!("queen.consumers c JOIN {parts} ON p.id = c.partition_id");
+            format!(
+                "SELECT (SELECT count(*) FROM queen.queues q WHERE {owns})::bigint,
+                        (SELECT count(*) FROM {parts})::bigint,
+                        (SELECT COALESCE(sum(p.last_offset + 1 - p.log_start), 0) FROM {parts})::bigint,
+                        (SELECT count(DISTINCT c.consumer_group) FROM {cursors})::bigint,
+                        (SELECT count(*) FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id AND {owns})::bigint,
+                        (SELECT count(DISTINCT namespace) FROM queen.queues q WHERE namespace <> '' AND {owns})::bigint,
+                        (SELECT count(DISTINCT task) FROM queen.queues q WHERE task <> '' AND {owns})::bigint,
+                        (SELECT count(*) FROM {cursors} WHERE c.lease_expires_at > now())::bigint"
+            )
+        }
+    };
+    let r = client.query_one(&sql, &[]).await?;
     Ok(json!({"queues": r.get::<_, i64>(0), "partitions": r.get::<_, i64>(1), "messages": {"total": r.get::<_, i64>(2)},
               "consumerGroups": r.get::<_, i64>(3), "deadLetters": r.get::<_, i64>(4), "namespaces": r.get::<_, i64>(5),
               "tasks": r.get::<_, i64>(6), "activeLeases": r.get::<_, i64>(7)}))
 }
 
-/// `GET /api/v1/resources/namespaces` or `…/tasks`: queues rolled up by label.
-pub async fn by_label(pool: &Pool, tasks: bool) -> Result<Value, DbError> {
+/// `GET /api/v1/resources/namespaces` or `…/tasks`: queues rolled up by
+/// label (with tenancy on, `tenant` given, the tenant's queues).
+pub async fn by_label(pool: &Pool, tasks: bool, tenant: Option<Tenant>) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let column = if tasks { "task" } else { "namespace" };
+    let owns = tenant.map_or_else(|| "true".to_string(), |t| t.owns_sql("q.name"));
     let rows = client
         .query(
             &format!(
                 "SELECT q.{column}, count(DISTINCT q.id)::bigint, count(p.id)::bigint,
                         COALESCE(sum(p.last_offset + 1 - p.log_start), 0)::bigint, array_agg(DISTINCT q.name)
                  FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
-                 WHERE q.{column} <> '' GROUP BY q.{column} ORDER BY q.{column}"
+                 WHERE q.{column} <> '' AND {owns} GROUP BY q.{column} ORDER BY q.{column}"
             ),
             &[],
         )
@@ -157,7 +174,7 @@ pub async fn by_label(pool: &Pool, tasks: bool) -> Result<Value, DbError> {
         .iter()
         .map(|r| {
             json!({(column): r.get::<_, String>(0), "queues": r.get::<_, i64>(1), "partitions": r.get::<_, i64>(2),
-                   "messages": r.get::<_, i64>(3), "queueNames": r.get::<_, Vec<String>>(4)})
+                   "messages": r.get::<_, i64>(3), "queueNames": r.get::<_, Vec<&str>>(4).into_iter().map(shown).collect::<Vec<_>>()})
         })
         .collect();
     Ok(json!({ (if tasks { "tasks" } else { "namespaces" }): items }))

@@ -17,6 +17,10 @@ use crate::db::DbError;
 /// Filters shared by the status routes.
 #[derive(Debug, Clone)]
 pub struct Scope {
+    /// With tenancy on, the tenant whose queues are in scope (`tenancy`);
+    /// `queue` is then a stored name. None: every queue (tenancy off, or a
+    /// broker-wide route).
+    pub tenant: Option<crate::tenancy::Tenant>,
     pub queue: Option<String>,
     pub namespace: Option<String>,
     pub task: Option<String>,
@@ -28,7 +32,16 @@ impl Scope {
     /// The default window: the last hour.
     pub fn new(from: Option<DateTime<Utc>>, to: Option<DateTime<Utc>>) -> Scope {
         let to = to.unwrap_or_else(Utc::now);
-        Scope { queue: None, namespace: None, task: None, from: from.unwrap_or(to - Duration::hours(1)), to }
+        Scope { tenant: None, queue: None, namespace: None, task: None, from: from.unwrap_or(to - Duration::hours(1)), to }
+    }
+
+    /// The SQL condition on queue `q` (`$1` to `$3` the queue, namespace and
+    /// task filters): [`QUEUE_FILTER`], and the tenant's queues only.
+    pub fn filter(&self) -> String {
+        match self.tenant {
+            None => QUEUE_FILTER.to_string(),
+            Some(t) => format!("{QUEUE_FILTER} AND {}", t.owns_sql("q.name")),
+        }
     }
 }
 
@@ -39,12 +52,13 @@ pub(crate) const PARTITION_PENDING: &str = "GREATEST(p.last_offset - GREATEST(CO
 
 /// Traffic per queue in the window, from the samples.
 pub(crate) async fn traffic(client: &deadpool_postgres::Client, s: &Scope) -> Result<Vec<(String, i64, i64, i64)>, DbError> {
+    let filter = s.filter();
     let rows = client
         .query(
             &format!(
                 "SELECT m.queue_name, sum(m.pushed)::bigint, sum(m.popped)::bigint, sum(m.acked)::bigint
                  FROM queen.metrics_samples m LEFT JOIN queen.queues q ON q.name = m.queue_name
-                 WHERE {QUEUE_FILTER} AND m.sampled_at >= $4 AND m.sampled_at <= $5
+                 WHERE {filter} AND m.sampled_at >= $4 AND m.sampled_at <= $5
                  GROUP BY m.queue_name"
             ),
             &[&s.queue, &s.namespace, &s.task, &s.from, &s.to],
@@ -61,6 +75,7 @@ pub(crate) fn throughput(pushed: i64, popped: i64, acked: i64, s: &Scope) -> Val
 
 /// `GET /api/v1/status`
 pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let r = client
         .query_one(
@@ -68,7 +83,7 @@ pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
                 "SELECT count(DISTINCT q.id)::bigint, count(p.id)::bigint,
                         COALESCE(sum(p.last_offset + 1 - p.log_start), 0)::bigint,
                         COALESCE(sum({PARTITION_PENDING}), 0)::bigint
-                 FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id WHERE {QUEUE_FILTER}"
+                 FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id WHERE {filter}"
             ),
             &[&s.queue, &s.namespace, &s.task],
         )
@@ -78,7 +93,7 @@ pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
             &format!(
                 "SELECT count(DISTINCT l.consumer_group)::bigint, count(*) FILTER (WHERE l.lease_active)::bigint,
                         COALESCE(max(EXTRACT(EPOCH FROM now() - l.oldest_unconsumed_at)), 0)::float8
-                 FROM queen.cursor_lag l JOIN queen.queues q ON q.id = l.queue_id WHERE {QUEUE_FILTER}"
+                 FROM queen.cursor_lag l JOIN queen.queues q ON q.id = l.queue_id WHERE {filter}"
             ),
             &[&s.queue, &s.namespace, &s.task],
         )
@@ -102,11 +117,12 @@ pub async fn overview(pool: &Pool, s: &Scope) -> Result<Value, DbError> {
 /// eviction wrote (still in the DLQ: a replayed or deleted one no longer
 /// counts).
 async fn dead_letter_counts(client: &deadpool_postgres::Client, s: &Scope) -> Result<(i64, i64), DbError> {
+    let filter = s.filter();
     let d = client
         .query_one(
             &format!(
                 "SELECT count(*)::bigint, count(*) FILTER (WHERE d.error_message = 'max_wait_time')::bigint
-                 FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE {QUEUE_FILTER}"
+                 FROM queen.dead_letters d JOIN queen.queues q ON q.id = d.queue_id WHERE {filter}"
             ),
             &[&s.queue, &s.namespace, &s.task],
         )
@@ -134,12 +150,14 @@ async fn group_lag(client: &deadpool_postgres::Client, queue_id: i64) -> Result<
 
 /// How many queues the scope's filters match.
 pub(crate) async fn queues_in_scope(client: &deadpool_postgres::Client, s: &Scope) -> Result<i64, DbError> {
-    let q = format!("SELECT count(*) FROM queen.queues q WHERE {QUEUE_FILTER}");
+    let filter = s.filter();
+    let q = format!("SELECT count(*) FROM queen.queues q WHERE {filter}");
     Ok(client.query_one(&q, &[&s.queue, &s.namespace, &s.task]).await?.get(0))
 }
 
 /// `GET /api/v1/status/queues`
 pub async fn queues(pool: &Pool, s: &Scope, limit: i64, offset: i64) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let total = queues_in_scope(&client, s).await?;
     let rows = client
@@ -148,7 +166,7 @@ pub async fn queues(pool: &Pool, s: &Scope, limit: i64, offset: i64) -> Result<V
                 "SELECT q.id, q.name, q.namespace, q.task, count(p.id)::bigint,
                         COALESCE(sum(p.last_offset + 1 - p.log_start), 0)::bigint, COALESCE(sum({PARTITION_PENDING}), 0)::bigint
                  FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
-                 WHERE {QUEUE_FILTER} GROUP BY q.id ORDER BY q.name LIMIT $4 OFFSET $5"
+                 WHERE {filter} GROUP BY q.id ORDER BY q.name LIMIT $4 OFFSET $5"
             ),
             &[&s.queue, &s.namespace, &s.task, &limit, &offset],
         )
@@ -158,7 +176,7 @@ pub async fn queues(pool: &Pool, s: &Scope, limit: i64, offset: i64) -> Result<V
     for r in &rows {
         let name: String = r.get(1);
         let (pu, po, ac) = t.iter().find(|x| x.0 == name).map(|x| (x.1, x.2, x.3)).unwrap_or((0, 0, 0));
-        out.push(json!({"name": name, "namespace": r.get::<_, String>(2), "task": r.get::<_, String>(3),
+        out.push(json!({"name": crate::tenancy::shown(&name), "namespace": r.get::<_, String>(2), "task": r.get::<_, String>(3),
                         "partitions": r.get::<_, i64>(4), "messages": r.get::<_, i64>(5), "pending": r.get::<_, i64>(6),
                         "groups": group_lag(&client, r.get(0)).await?, "throughput": throughput(pu, po, ac, s)}));
     }
@@ -196,7 +214,7 @@ pub async fn queue(pool: &Pool, name: &str, s: &Scope) -> Result<Option<Value>, 
     let pending: i64 = parts.iter().map(|p| p.get::<_, i64>(5)).sum();
     let (dlq, evicted) = dead_letter_counts(&client, &scoped).await?;
     Ok(Some(json!({
-        "queue": {"name": name, "namespace": q.get::<_, String>("namespace"), "task": q.get::<_, String>("task"),
+        "queue": {"name": crate::tenancy::shown(name), "namespace": q.get::<_, String>("namespace"), "task": q.get::<_, String>("task"),
                   "options": super::configure::options_json(&q)},
         "messages": {"total": total, "pending": pending},
         "partitions": partitions,
@@ -210,13 +228,14 @@ pub async fn queue(pool: &Pool, name: &str, s: &Scope) -> Result<Option<Value>, 
 
 /// `GET /api/v1/status/analytics?interval=minute|hour|day`
 pub async fn analytics(pool: &Pool, s: &Scope, interval: &str) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let rows = client
         .query(
             &format!(
                 "SELECT date_trunc($6, m.sampled_at), sum(m.pushed)::bigint, sum(m.popped)::bigint, sum(m.acked)::bigint
                  FROM queen.metrics_samples m LEFT JOIN queen.queues q ON q.name = m.queue_name
-                 WHERE {QUEUE_FILTER} AND m.sampled_at >= $4 AND m.sampled_at <= $5
+                 WHERE {filter} AND m.sampled_at >= $4 AND m.sampled_at <= $5
                  GROUP BY 1 ORDER BY 1"
             ),
             &[&s.queue, &s.namespace, &s.task, &s.from, &s.to, &interval],

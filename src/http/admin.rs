@@ -85,16 +85,22 @@ pub async fn delete_queue(State(state): State<AppState>, tenant: Tenant, Path(qu
     Ok(Json(answer).into_response())
 }
 
-pub async fn overview(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(Json(resources::overview(&state.pool).await?).into_response())
+/// The tenant a listing is confined to: the request's with tenancy on,
+/// none (every queue) with it off.
+fn confined(state: &AppState, tenant: Tenant) -> Option<Tenant> {
+    crate::tenancy::enabled(&state.config).then_some(tenant)
 }
 
-pub async fn namespaces(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(Json(resources::by_label(&state.pool, false).await?).into_response())
+pub async fn overview(State(state): State<AppState>, tenant: Tenant) -> Result<Response, ApiError> {
+    Ok(Json(resources::overview(&state.pool, confined(&state, tenant)).await?).into_response())
 }
 
-pub async fn tasks(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(Json(resources::by_label(&state.pool, true).await?).into_response())
+pub async fn namespaces(State(state): State<AppState>, tenant: Tenant) -> Result<Response, ApiError> {
+    Ok(Json(resources::by_label(&state.pool, false, confined(&state, tenant)).await?).into_response())
+}
+
+pub async fn tasks(State(state): State<AppState>, tenant: Tenant) -> Result<Response, ApiError> {
+    Ok(Json(resources::by_label(&state.pool, true, confined(&state, tenant)).await?).into_response())
 }
 
 pub async fn list_groups(State(state): State<AppState>, tenant: Tenant) -> Result<Response, ApiError> {
@@ -188,6 +194,7 @@ pub async fn seek_partition(
 
 pub async fn subscription(
     State(state): State<AppState>,
+    tenant: Tenant,
     Path(group): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -201,7 +208,7 @@ pub async fn subscription(
     else {
         return Ok(bad(json!({"error": "subscriptionTimestamp is required"})));
     };
-    let n = groups::set_subscription(&state.pool, &group, ts).await?;
+    let n = groups::set_subscription(&state.pool, tenant, &group, ts).await?;
     Ok(Json(json!({"success": true, "consumerGroup": group, "subscriptionTimestamp": crate::json::iso_ms(ts), "queuesUpdated": n}))
         .into_response())
 }
@@ -212,41 +219,45 @@ pub async fn refresh_stats() -> Json<Value> {
     Json(json!({"success": true, "message": "statistics are computed on read", "refreshedAt": crate::json::iso_ms(chrono::Utc::now())}))
 }
 
-pub(super) fn scope(p: &Params) -> Result<crate::admin::status::Scope, ApiError> {
+/// The scope of a status or analytics read: its window and filters, and
+/// with tenancy on the tenant's queues only (`tenant` None: a broker-wide
+/// read, every queue).
+pub(super) fn scope(state: &AppState, p: &Params, tenant: Option<Tenant>) -> Result<crate::admin::status::Scope, ApiError> {
     let mut s = crate::admin::status::Scope::new(p.time("from")?, p.time("to")?);
-    s.queue = p.text("queue");
+    s.tenant = tenant.and_then(|t| confined(state, t));
+    s.queue = p.text("queue").map(|q| tenant.unwrap_or_default().stored(&q));
     s.namespace = p.text("namespace");
     s.task = p.text("task");
     Ok(s)
 }
 
-pub async fn status(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn status(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(crate::admin::status::overview(&state.pool, &scope(&p)?).await?).into_response())
+    Ok(Json(crate::admin::status::overview(&state.pool, &scope(&state, &p, Some(tenant))?).await?).into_response())
 }
 
-pub async fn status_queues(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn status_queues(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    let answer = crate::admin::status::queues(&state.pool, &scope(&p)?, p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
+    let answer = crate::admin::status::queues(&state.pool, &scope(&state, &p, Some(tenant))?, p.int("limit", 100, 1, 1000)?, p.int("offset", 0, 0, i64::MAX)?).await?;
     Ok(Json(answer).into_response())
 }
 
-pub async fn status_queue(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn status_queue(State(state): State<AppState>, tenant: Tenant, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(match crate::admin::status::queue(&state.pool, &queue, &scope(&p)?).await? {
+    Ok(match crate::admin::status::queue(&state.pool, &tenant.stored(&queue), &scope(&state, &p, Some(tenant))?).await? {
         Some(v) => Json(v).into_response(),
         None => queue_not_found(),
     })
 }
 
-pub async fn status_queue_messages(State(state): State<AppState>, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let mut filter = super::messages::message_filter(&Params::parse(q)?)?;
-    filter.queue = Some(queue);
+pub async fn status_queue_messages(State(state): State<AppState>, tenant: Tenant, Path(queue): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let mut filter = super::messages::message_filter(&Params::parse(q)?, tenant)?;
+    filter.queue = Some(tenant.stored(&queue));
     Ok(Json(crate::admin::messages::list(&state.pool, state.coalescer.encryption().ring(), &filter).await?).into_response())
 }
 
-pub async fn analytics(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn analytics(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
     let interval = crate::reads::analytics::Interval::parse(p.text("interval").as_deref()).map_err(ApiError::BadRequest)?;
-    Ok(Json(crate::admin::status::analytics(&state.pool, &scope(&p)?, interval.unit()).await?).into_response())
+    Ok(Json(crate::admin::status::analytics(&state.pool, &scope(&state, &p, Some(tenant))?, interval.unit()).await?).into_response())
 }

@@ -11,6 +11,7 @@ use super::error::ApiError;
 use super::query::Params;
 use super::AppState;
 use crate::reads::analytics::{self, Interval, Page};
+use crate::tenancy::Tenant;
 
 fn interval(p: &Params) -> Result<Interval, ApiError> {
     Interval::parse(p.text("interval").as_deref()).map_err(ApiError::BadRequest)
@@ -22,44 +23,44 @@ fn page(p: &Params) -> Result<Page, ApiError> {
 
 pub async fn system_metrics(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(analytics::system_metrics(&state.pool, &scope(&p)?, interval(&p)?).await?).into_response())
+    Ok(Json(analytics::system_metrics(&state.pool, &scope(&state, &p, None)?, interval(&p)?).await?).into_response())
 }
 
 pub async fn worker_metrics(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(analytics::worker_metrics(&state.pool, &scope(&p)?, interval(&p)?).await?).into_response())
+    Ok(Json(analytics::worker_metrics(&state.pool, &scope(&state, &p, None)?, interval(&p)?).await?).into_response())
 }
 
-pub async fn queue_lag(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn queue_lag(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(analytics::queue_lag(&state.pool, &scope(&p)?, page(&p)?).await?).into_response())
+    Ok(Json(analytics::queue_lag(&state.pool, &scope(&state, &p, Some(tenant))?, page(&p)?).await?).into_response())
 }
 
-pub async fn queue_ops(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn queue_ops(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(analytics::queue_ops(&state.pool, &scope(&p)?, interval(&p)?, page(&p)?).await?).into_response())
+    Ok(Json(analytics::queue_ops(&state.pool, &scope(&state, &p, Some(tenant))?, interval(&p)?, page(&p)?).await?).into_response())
 }
 
-pub async fn workload(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn workload(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(analytics::workload(&state.pool, &scope(&p)?, page(&p)?).await?).into_response())
+    Ok(Json(analytics::workload(&state.pool, &scope(&state, &p, Some(tenant))?, page(&p)?).await?).into_response())
 }
 
-pub async fn retention(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn retention(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(analytics::retention(&state.pool, &scope(&p)?, page(&p)?).await?).into_response())
+    Ok(Json(analytics::retention(&state.pool, &scope(&state, &p, Some(tenant))?, page(&p)?).await?).into_response())
 }
 
-pub async fn dlq_signatures(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn dlq_signatures(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
     // The whole DLQ unless the caller bounds it.
     let bounds = (p.time("from")?, p.time("to")?);
-    Ok(Json(analytics::dlq_signatures(&state.pool, &scope(&p)?, bounds, page(&p)?).await?).into_response())
+    Ok(Json(analytics::dlq_signatures(&state.pool, &scope(&state, &p, Some(tenant))?, bounds, page(&p)?).await?).into_response())
 }
 
-pub async fn partition_liveness(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn partition_liveness(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::parse(q)?;
-    Ok(Json(analytics::partition_liveness(&state.pool, &scope(&p)?, page(&p)?).await?).into_response())
+    Ok(Json(analytics::partition_liveness(&state.pool, &scope(&state, &p, Some(tenant))?, page(&p)?).await?).into_response())
 }
 
 pub async fn postgres_stats(State(state): State<AppState>) -> Result<Response, ApiError> {

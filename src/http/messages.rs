@@ -12,6 +12,7 @@ use super::error::ApiError;
 use super::AppState;
 use super::query::Params;
 use crate::admin::{dlq, messages};
+use crate::tenancy::Tenant;
 
 fn partition_id(raw: &str) -> Option<i64> {
     raw.trim().parse().ok()
@@ -21,10 +22,11 @@ fn not_found() -> Response {
     (StatusCode::NOT_FOUND, Json(json!({"error": "Message not found"}))).into_response()
 }
 
-/// The filters of the DLQ routes, from the query string (`queue` required).
-fn dlq_filter(p: &Params) -> Result<dlq::DlqFilter, ApiError> {
+/// The filters of the DLQ routes, from the query string (`queue` required),
+/// on `tenant`'s queue of that name.
+fn dlq_filter(p: &Params, tenant: Tenant) -> Result<dlq::DlqFilter, ApiError> {
     Ok(dlq::DlqFilter {
-        queue: p.text("queue").ok_or_else(|| ApiError::BadRequest("queue: required".into()))?,
+        queue: tenant.stored(&p.text("queue").ok_or_else(|| ApiError::BadRequest("queue: required".into()))?),
         group: p.text("consumerGroup").or_else(|| p.text("consumer_group")),
         partition: p.text("partition"),
         from: p.time("from")?,
@@ -34,22 +36,24 @@ fn dlq_filter(p: &Params) -> Result<dlq::DlqFilter, ApiError> {
     })
 }
 
-pub async fn list_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let filter = dlq_filter(&Params::parse(q)?)?;
+pub async fn list_dlq(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let filter = dlq_filter(&Params::parse(q)?, tenant)?;
     Ok(Json(dlq::list(&state.pool, state.coalescer.encryption().ring(), &filter).await?).into_response())
 }
 
 /// `DELETE /api/v1/dlq?queue=…[&consumerGroup][&partition][&from][&to]` (admin).
-pub async fn purge_dlq(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let filter = dlq_filter(&Params::parse(q)?)?;
+pub async fn purge_dlq(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let filter = dlq_filter(&Params::parse(q)?, tenant)?;
     let deleted = dlq::purge(&state.pool, &filter).await?;
-    Ok(Json(json!({"success": true, "queue": filter.queue, "deleted": deleted})).into_response())
+    Ok(Json(json!({"success": true, "queue": crate::tenancy::shown(&filter.queue), "deleted": deleted})).into_response())
 }
 
-/// The filters of a message listing, from the query string.
-pub fn message_filter(p: &Params) -> Result<messages::MessageFilter, ApiError> {
+/// The filters of a message listing of `tenant`'s queues, from the query
+/// string.
+pub fn message_filter(p: &Params, tenant: Tenant) -> Result<messages::MessageFilter, ApiError> {
     Ok(messages::MessageFilter {
-        queue: p.text("queue"),
+        tenant,
+        queue: p.text("queue").map(|q| tenant.stored(&q)),
         partition: p.text("partition"),
         namespace: p.text("namespace").or_else(|| p.text("ns")),
         task: p.text("task"),
@@ -61,22 +65,22 @@ pub fn message_filter(p: &Params) -> Result<messages::MessageFilter, ApiError> {
     })
 }
 
-pub async fn list_messages(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
-    let filter = message_filter(&Params::parse(q)?)?;
+pub async fn list_messages(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let filter = message_filter(&Params::parse(q)?, tenant)?;
     Ok(Json(messages::list(&state.pool, state.coalescer.encryption().ring(), &filter).await?).into_response())
 }
 
-pub async fn get_message(State(state): State<AppState>, Path((pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
+pub async fn get_message(State(state): State<AppState>, tenant: Tenant, Path((pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
     let Some(pid) = partition_id(&pid) else { return Ok(not_found()) };
-    match messages::detail(&state.pool, state.coalescer.encryption().ring(), pid, &txn).await? {
+    match messages::detail(&state.pool, state.coalescer.encryption().ring(), tenant, pid, &txn).await? {
         Some(v) => Ok(Json(v).into_response()),
         None => Ok(not_found()),
     }
 }
 
-pub async fn delete_message(State(state): State<AppState>, Path((raw_pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
+pub async fn delete_message(State(state): State<AppState>, tenant: Tenant, Path((raw_pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
     let deleted = match partition_id(&raw_pid) {
-        Some(pid) => messages::delete_dead_letter(&state.pool, pid, &txn).await?,
+        Some(pid) => messages::delete_dead_letter(&state.pool, tenant, pid, &txn).await?,
         None => false,
     };
     if deleted {
@@ -88,15 +92,16 @@ pub async fn delete_message(State(state): State<AppState>, Path((raw_pid, txn)):
     }
 }
 
-pub async fn retry_message(State(state): State<AppState>, Path((pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
+pub async fn retry_message(State(state): State<AppState>, tenant: Tenant, Path((pid, txn)): Path<(String, String)>) -> Result<Response, ApiError> {
     let Some(partition_id) = partition_id(&pid) else { return Ok(not_found()) };
-    replay(&state, messages::DeadLetter::Address { partition_id, transaction_id: &txn }, &Default::default()).await
+    replay(&state, tenant, messages::DeadLetter::Address { partition_id, transaction_id: &txn }, &Default::default()).await
 }
 
 /// `POST /api/v1/dlq/{id}/replay`, body optional: `{queue?, partition?}`
 /// names another destination.
 pub async fn replay_dlq(
     State(state): State<AppState>,
+    tenant: Tenant,
     Path(id): Path<String>,
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
@@ -118,17 +123,17 @@ pub async fn replay_dlq(
             Some(_) => Err(ApiError::BadRequest(format!("{k}: must be a string"))),
         }
     };
-    let target = messages::ReplayTarget { queue: name("queue")?, partition: name("partition")? };
-    replay(&state, messages::DeadLetter::Id(id), &target).await
+    let target = messages::ReplayTarget { queue: name("queue")?.map(|q| tenant.stored(&q)), partition: name("partition")? };
+    replay(&state, tenant, messages::DeadLetter::Id(id), &target).await
 }
 
 /// A replay refused while push maintenance is on (it writes through the
 /// push path, which is spooling), else done, waking consumers of what it wrote.
-async fn replay(state: &AppState, which: messages::DeadLetter<'_>, target: &messages::ReplayTarget) -> Result<Response, ApiError> {
+async fn replay(state: &AppState, tenant: Tenant, which: messages::DeadLetter<'_>, target: &messages::ReplayTarget) -> Result<Response, ApiError> {
     if state.push_maintenance() {
         return Ok((StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "push maintenance is on: replays wait until it is off"}))).into_response());
     }
-    match messages::replay_dead_letter(&state.pool, &state.coalescer, which, target).await? {
+    match messages::replay_dead_letter(&state.pool, &state.coalescer, tenant, which, target).await? {
         Some(r) => {
             if r.queued {
                 state.committed_push(&r.queue, r.partition_id, &r.partition, 1);

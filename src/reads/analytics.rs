@@ -19,7 +19,7 @@ use deadpool_postgres::Pool;
 use serde_json::{json, Map, Value};
 
 use crate::json::iso_ms;
-use crate::admin::status::{queues_in_scope, throughput, traffic, Scope, PARTITION_PENDING, QUEUE_FILTER};
+use crate::admin::status::{queues_in_scope, throughput, traffic, Scope, PARTITION_PENDING};
 use crate::db::DbError;
 
 /// A time bucket of the series: `date_trunc`'s unit.
@@ -129,10 +129,11 @@ async fn latest_broker_samples(client: &deadpool_postgres::Client, s: &Scope) ->
 /// acks in the window (queue filters apply) with its latest system sample,
 /// and the same traffic per broker over time.
 pub async fn worker_metrics(pool: &Pool, s: &Scope, interval: Interval) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let from_samples = format!(
         "FROM queen.metrics_samples m LEFT JOIN queen.queues q ON q.name = m.queue_name
-         WHERE {QUEUE_FILTER} AND m.sampled_at >= $4 AND m.sampled_at <= $5"
+         WHERE {filter} AND m.sampled_at >= $4 AND m.sampled_at <= $5"
     );
     let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&s.queue, &s.namespace, &s.task, &s.from, &s.to];
     let totals = client
@@ -185,6 +186,7 @@ pub async fn worker_metrics(pool: &Pool, s: &Scope, interval: Interval) -> Resul
 /// has not consumed, in messages and in seconds (the age of its oldest
 /// unconsumed message), most lagging first.
 pub async fn queue_lag(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let grouped = format!(
         "SELECT l.queue_name, l.consumer_group, count(*)::bigint AS partitions,
@@ -194,7 +196,7 @@ pub async fn queue_lag(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbEr
                 count(*) FILTER (WHERE l.lease_active)::bigint AS leases,
                 max(l.last_consumed_at) AS last_consumed
          FROM queen.cursor_lag l JOIN queen.queues q ON q.id = l.queue_id
-         WHERE {QUEUE_FILTER} GROUP BY l.queue_name, l.consumer_group"
+         WHERE {filter} GROUP BY l.queue_name, l.consumer_group"
     );
     let total: i64 = client
         .query_one(&format!("SELECT count(*) FROM ({grouped}) g"), &[&s.queue, &s.namespace, &s.task])
@@ -210,7 +212,7 @@ pub async fn queue_lag(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbEr
         .iter()
         .map(|r| {
             let oldest: Option<DateTime<Utc>> = r.get(5);
-            json!({"queue": r.get::<_, String>(0), "consumerGroup": r.get::<_, String>(1),
+            json!({"queue": crate::tenancy::shown(r.get::<_, &str>(0)), "consumerGroup": r.get::<_, String>(1),
                    "partitions": r.get::<_, i64>(2), "partitionsBehind": r.get::<_, i64>(3),
                    "pendingMessages": r.get::<_, i64>(4), "oldestPendingAt": opt_time(oldest),
                    "lagSeconds": age(oldest).as_i64().unwrap_or(0), "activeLeases": r.get::<_, i64>(6),
@@ -223,6 +225,7 @@ pub async fn queue_lag(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbEr
 /// `GET /api/v1/analytics/queue-ops`: pushes, pops, acks and dead letters
 /// per queue in the window, busiest first, each with its series.
 pub async fn queue_ops(pool: &Pool, s: &Scope, interval: Interval, page: Page) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let unit = interval.unit();
     // Queues with traffic or dead letters in the window.
@@ -232,10 +235,10 @@ pub async fn queue_ops(pool: &Pool, s: &Scope, interval: Interval, page: Page) -
                 "WITH t AS (
                      SELECT m.queue_name AS name, sum(m.pushed)::bigint AS pu, sum(m.popped)::bigint AS po, sum(m.acked)::bigint AS ac
                      FROM queen.metrics_samples m LEFT JOIN queen.queues q ON q.name = m.queue_name
-                     WHERE {QUEUE_FILTER} AND m.sampled_at >= $4 AND m.sampled_at <= $5 GROUP BY 1),
+                     WHERE {filter} AND m.sampled_at >= $4 AND m.sampled_at <= $5 GROUP BY 1),
                  d AS (
                      SELECT q.name, count(*)::bigint AS dl FROM queen.dead_letters x JOIN queen.queues q ON q.id = x.queue_id
-                     WHERE {QUEUE_FILTER} AND x.failed_at >= $4 AND x.failed_at <= $5 GROUP BY 1)
+                     WHERE {filter} AND x.failed_at >= $4 AND x.failed_at <= $5 GROUP BY 1)
                  SELECT COALESCE(t.name, d.name), COALESCE(t.pu, 0), COALESCE(t.po, 0), COALESCE(t.ac, 0), COALESCE(d.dl, 0),
                         count(*) OVER ()
                  FROM t FULL JOIN d ON d.name = t.name
@@ -282,7 +285,7 @@ pub async fn queue_ops(pool: &Pool, s: &Scope, interval: Interval, page: Page) -
                 .collect();
             let mut totals = throughput(r.get(1), r.get(2), r.get(3), s);
             totals["deadLettered"] = json!(r.get::<_, i64>(4));
-            json!({"queue": name, "totals": totals, "series": series})
+            json!({"queue": crate::tenancy::shown(&name), "totals": totals, "series": series})
         })
         .collect();
     Ok(json!({"interval": unit, "window": window(s), "queues": queues, "total": total, "limit": page.limit, "offset": page.offset}))
@@ -292,9 +295,10 @@ pub async fn queue_ops(pool: &Pool, s: &Scope, interval: Interval, page: Page) -
 /// total: pending messages, messages in flight under a lease, partitions
 /// with work, groups, and how long the backlog takes at the window's ack rate.
 pub async fn workload(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let per_queue = format!(
-        "WITH qs AS (SELECT q.id, q.name, q.namespace, q.task FROM queen.queues q WHERE {QUEUE_FILTER}),
+        "WITH qs AS (SELECT q.id, q.name, q.namespace, q.task FROM queen.queues q WHERE {filter}),
          parts AS (
              SELECT p.queue_id, count(*)::bigint AS partitions, COALESCE(sum(x.pending), 0)::bigint AS pending,
                     count(*) FILTER (WHERE x.pending > 0)::bigint AS busy
@@ -322,7 +326,7 @@ pub async fn workload(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbErr
             *t += x;
         }
         let (pushed, acked) = traffic.iter().find(|t| t.0 == name).map(|t| (t.1, t.3)).unwrap_or((0, 0));
-        queues.push(workload_json(json!({"queue": name, "namespace": r.get::<_, String>(1), "task": r.get::<_, String>(2)}), v, pushed, acked, secs));
+        queues.push(workload_json(json!({"queue": crate::tenancy::shown(&name), "namespace": r.get::<_, String>(1), "task": r.get::<_, String>(2)}), v, pushed, acked, secs));
     }
     let (pushed, acked) = traffic.iter().filter(|t| rows.iter().any(|r| r.get::<_, String>(0) == t.0)).fold((0, 0), |a, t| (a.0 + t.1, a.1 + t.3));
     let total_queues = queues.len() as i64;
@@ -351,6 +355,7 @@ fn workload_json(mut head: Value, v: [i64; 6], pushed: i64, acked: i64, secs: f6
 /// when it next removes something: the options, the retained messages,
 /// segments and stored bytes, the oldest message, dead letters.
 pub async fn retention(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let total = queues_in_scope(&client, s).await?;
     let rows = client
@@ -366,7 +371,7 @@ pub async fn retention(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbEr
                  LEFT JOIN LATERAL (
                      SELECT count(*)::bigint AS n, COALESCE(sum(pg_column_size(x.blob)), 0)::bigint AS bytes, min(x.created_at) AS oldest
                      FROM queen.segments x JOIN queen.partitions p ON p.id = x.partition_id WHERE p.queue_id = q.id) seg ON true
-                 WHERE {QUEUE_FILTER} ORDER BY q.name LIMIT $4 OFFSET $5"
+                 WHERE {filter} ORDER BY q.name LIMIT $4 OFFSET $5"
             ),
             &[&s.queue, &s.namespace, &s.task, &page.limit, &page.offset],
         )
@@ -383,7 +388,7 @@ pub async fn retention(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbEr
                 (Some(o), Some(secs)) => json!(iso_ms(o + chrono::Duration::seconds(secs as i64))),
                 _ => Value::Null,
             };
-            json!({"queue": r.get::<_, String>(0),
+            json!({"queue": crate::tenancy::shown(r.get::<_, &str>(0)),
                    "options": {"retentionEnabled": r.get::<_, bool>(1), "retentionSeconds": retention,
                                "completedRetentionSeconds": completed, "dedupWindowSeconds": r.get::<_, i32>(4),
                                "maxWaitTimeSeconds": r.get::<_, i32>(5)},
@@ -405,6 +410,7 @@ pub async fn dlq_signatures(
     bounds: (Option<DateTime<Utc>>, Option<DateTime<Utc>>),
     page: Page,
 ) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let grouped = format!(
         "SELECT q.name, d.consumer_group, sig.s AS signature, count(*)::bigint AS n, min(d.failed_at), max(d.failed_at),
@@ -415,7 +421,7 @@ pub async fn dlq_signatures(
               LATERAL (SELECT left(regexp_replace(regexp_replace(COALESCE(d.error_message, ''),
                   '[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}', '<id>', 'g'),
                   '[0-9]+', '<n>', 'g'), 200) AS s) sig
-         WHERE {QUEUE_FILTER} AND ($4::timestamptz IS NULL OR d.failed_at >= $4) AND ($5::timestamptz IS NULL OR d.failed_at <= $5)
+         WHERE {filter} AND ($4::timestamptz IS NULL OR d.failed_at >= $4) AND ($5::timestamptz IS NULL OR d.failed_at <= $5)
          GROUP BY q.name, d.consumer_group, sig.s"
     );
     let rows = client
@@ -428,7 +434,7 @@ pub async fn dlq_signatures(
     let signatures: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({"queue": r.get::<_, String>(0), "consumerGroup": r.get::<_, String>(1), "signature": r.get::<_, String>(2),
+            json!({"queue": crate::tenancy::shown(r.get::<_, &str>(0)), "consumerGroup": r.get::<_, String>(1), "signature": r.get::<_, String>(2),
                    "count": r.get::<_, i64>(3), "firstAt": iso_ms(r.get(4)), "lastAt": iso_ms(r.get(5)),
                    "sample": {"error": r.get::<_, Option<String>>(6), "transactionId": r.get::<_, String>(7),
                               "dlqId": r.get::<_, i64>(8).to_string()}})
@@ -442,6 +448,7 @@ pub async fn dlq_signatures(
 /// idle; with `queue=`, that queue's partitions too, most recently written
 /// first.
 pub async fn partition_liveness(pool: &Pool, s: &Scope, page: Page) -> Result<Value, DbError> {
+    let filter = s.filter();
     let client = pool.get().await?;
     let rows = client
         .query(
@@ -453,7 +460,7 @@ pub async fn partition_liveness(pool: &Pool, s: &Scope, page: Page) -> Result<Va
                         count(p.id) FILTER (WHERE p.last_write_at IS NULL OR p.last_write_at <= now() - interval '1 day')::bigint,
                         max(p.last_write_at), min(p.last_write_at), count(*) OVER ()
                  FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
-                 WHERE {QUEUE_FILTER} GROUP BY q.id ORDER BY q.name LIMIT $4 OFFSET $5"
+                 WHERE {filter} GROUP BY q.id ORDER BY q.name LIMIT $4 OFFSET $5"
             ),
             &[&s.queue, &s.namespace, &s.task, &page.limit, &page.offset],
         )
@@ -462,7 +469,7 @@ pub async fn partition_liveness(pool: &Pool, s: &Scope, page: Page) -> Result<Va
     let queues: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({"queue": r.get::<_, String>(0), "partitions": r.get::<_, i64>(1),
+            json!({"queue": crate::tenancy::shown(r.get::<_, &str>(0)), "partitions": r.get::<_, i64>(1),
                    "writtenLastMinute": r.get::<_, i64>(2), "writtenLastHour": r.get::<_, i64>(3),
                    "writtenLastDay": r.get::<_, i64>(4), "idleOverADay": r.get::<_, i64>(5),
                    "newestWriteAt": opt_time(r.get(6)), "oldestWriteAt": opt_time(r.get(7))})

@@ -166,7 +166,7 @@ impl Sink for JsonAnswer {
         self.entries += 1;
         self.first = true;
         self.out.extend_from_slice(b"{\"queue\":");
-        json_str(&mut self.out, &e.queue);
+        json_str(&mut self.out, crate::tenancy::shown(&e.queue));
         self.out.extend_from_slice(b",\"partition\":");
         json_str(&mut self.out, &e.partition);
         self.out.extend_from_slice(b",\"records\":[");

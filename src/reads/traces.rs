@@ -17,6 +17,7 @@
 //! commits, so `success: true` means stored.
 
 use std::sync::Arc;
+use crate::tenancy::Tenant;
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -245,22 +246,23 @@ fn trace_json(r: &tokio_postgres::Row) -> Value {
         "transactionId": r.get::<_, String>(3),
         "consumerGroup": r.get::<_, String>(4),
         "eventType": r.get::<_, String>(5),
-        "traceNames": r.get::<_, Vec<String>>(6),
+        "traceNames": r.get::<_, Vec<&str>>(6).into_iter().map(crate::tenancy::shown).collect::<Vec<_>>(),
         "data": r.get::<_, Option<&str>>(7).and_then(|d| serde_json::from_str::<Value>(d).ok()),
         "createdAt": iso_ms(r.get(8)),
         "partition": r.get::<_, Option<String>>(9),
-        "queue": r.get::<_, Option<String>>(10),
+        "queue": r.get::<_, Option<&str>>(10).map(crate::tenancy::shown),
     })
 }
 
 /// `GET /api/v1/traces/{partitionId}/{transactionId}`: the message's
-/// traces, oldest first; `None` when the partition does not exist.
-pub async fn for_message(pool: &Pool, partition_id: i64, transaction_id: &str) -> Result<Option<Value>, DbError> {
+/// traces, oldest first; `None` when the partition does not exist in
+/// `tenant`'s queues.
+pub async fn for_message(pool: &Pool, tenant: Tenant, partition_id: i64, transaction_id: &str) -> Result<Option<Value>, DbError> {
     let client = pool.get().await?;
     let Some(part) = client
         .query_opt(
-            "SELECT p.name, q.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = $1",
-            &[&partition_id],
+            "SELECT p.name, q.name FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE p.id = $1 AND q.tenant_id = $2",
+            &[&partition_id, &tenant.0],
         )
         .await?
     else {
@@ -279,13 +281,14 @@ pub async fn for_message(pool: &Pool, partition_id: i64, transaction_id: &str) -
     let traces: Vec<Value> = rows.iter().map(trace_json).collect();
     Ok(Some(json!({
         "partitionId": partition_id.to_string(), "transactionId": transaction_id,
-        "queue": part.get::<_, String>(1), "partition": part.get::<_, String>(0),
+        "queue": crate::tenancy::shown(part.get::<_, &str>(1)), "partition": part.get::<_, String>(0),
         "count": traces.len(), "traces": traces,
     })))
 }
 
 /// `GET /api/v1/traces/by-name/{name}`: the traces carrying a name, newest
-/// first, with the total in the time bounds.
+/// first, with the total in the time bounds. `name` is a stored name
+/// (`tenancy`).
 pub async fn by_name(pool: &Pool, name: &str, page: &Page) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let bounds = "n.name = $1 AND ($2::timestamptz IS NULL OR n.created_at >= $2) AND ($3::timestamptz IS NULL OR n.created_at <= $3)";
@@ -304,18 +307,25 @@ pub async fn by_name(pool: &Pool, name: &str, page: &Page) -> Result<Value, DbEr
         )
         .await?;
     Ok(json!({
-        "traceName": name, "traces": rows.iter().map(trace_json).collect::<Vec<_>>(),
+        "traceName": crate::tenancy::shown(name), "traces": rows.iter().map(trace_json).collect::<Vec<_>>(),
         "total": total, "limit": page.limit, "offset": page.offset,
     }))
 }
 
 /// `GET /api/v1/traces/names`: every name with its trace and message
 /// counts, most recently used first; `search` keeps names containing it.
-pub async fn names(pool: &Pool, search: Option<&str>, page: &Page) -> Result<Value, DbError> {
+/// With tenancy on (`tenant` given), the tenant's names only.
+pub async fn names(pool: &Pool, tenant: Option<Tenant>, search: Option<&str>, page: &Page) -> Result<Value, DbError> {
     let client = pool.get().await?;
     let pattern = search.map(|s| format!("%{}%", s.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")));
-    let filter = "($1::text IS NULL OR n.name ILIKE $1) AND ($2::timestamptz IS NULL OR n.created_at >= $2)
-                  AND ($3::timestamptz IS NULL OR n.created_at <= $3)";
+    let (owns, shown) = match tenant {
+        None => ("true".to_string(), "n.name".to_string()),
+        Some(t) => (t.owns_sql("n.name"), t.shown_sql("n.name")),
+    };
+    let filter = format!(
+        "({owns}) AND ($1::text IS NULL OR {shown} ILIKE $1) AND ($2::timestamptz IS NULL OR n.created_at >= $2)
+         AND ($3::timestamptz IS NULL OR n.created_at <= $3)"
+    );
     let total: i64 = client
         .query_one(&format!("SELECT count(DISTINCT n.name) FROM queen.trace_names n WHERE {filter}"), &[&pattern, &page.from, &page.to])
         .await?
@@ -334,7 +344,7 @@ pub async fn names(pool: &Pool, search: Option<&str>, page: &Page) -> Result<Val
     let names: Vec<Value> = rows
         .iter()
         .map(|r| {
-            json!({"name": r.get::<_, String>(0), "traceCount": r.get::<_, i64>(1), "messageCount": r.get::<_, i64>(2),
+            json!({"name": crate::tenancy::shown(r.get::<_, &str>(0)), "traceCount": r.get::<_, i64>(1), "messageCount": r.get::<_, i64>(2),
                    "firstSeen": iso_ms(r.get(3)), "lastSeen": iso_ms(r.get(4))})
         })
         .collect();
