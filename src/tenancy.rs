@@ -180,7 +180,7 @@ pub fn isolated(method: &Method, path: &str) -> bool {
     (method == Method::POST
         && matches!(path, "/api/v1/push" | "/api/v1/ack" | "/api/v1/ack/batch" | "/api/v1/configure" | "/api/v1/transaction"))
         || (method == Method::POST && path.starts_with("/api/v1/lease/") && path.ends_with("/extend"))
-        || (get && path.starts_with("/api/v1/pop/queue/"))
+        || (get && (path.starts_with("/api/v1/pop/queue/") || path == "/api/v1/pop"))
         || (get && path == "/api/v1/resources/queues")
         || (get && path.starts_with("/api/v1/resources/queues/") && path.matches('/').count() == 5)
         // One queue named in the path: the depth, its deletion, a group's
@@ -374,7 +374,6 @@ mod tests {
             (Method::GET, "/api/v1/resources/kv/namespaces"),
         ];
         let no = [
-            (Method::GET, "/api/v1/pop"),
             (Method::GET, "/api/v1/resources/queues/q/other/depth"),
             (Method::GET, "/api/v1/ephemeral/queues"),
             (Method::POST, "/streams/v1/cycle"),

@@ -478,6 +478,40 @@ async fn dead_letters_messages_traces_and_status_are_per_tenant() {
     assert_eq!(again["messages"][0]["data"]["t"], OTHER, "the replay went to OTHER's queue: {again}");
 }
 
+/// A pop by namespace claims from the caller's tenant's queues only, though
+/// both tenants label theirs alike; the label roll-ups count only the
+/// caller's.
+#[tokio::test]
+async fn discovery_pops_are_per_tenant() {
+    let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
+    let call = |method: &'static str, path: &str, tenant: &'static str, body: Option<Value>| as_tenant(&b, method, path.into(), tenant, body);
+    for tenant in [DEFAULT, OTHER] {
+        for q in ["a", "b"] {
+            let (status, _) = call("POST", "/api/v1/configure", tenant, Some(json!({"queue": q, "namespace": "billing", "options": {}}))).await;
+            assert_eq!(status, 200);
+            let items: Vec<Value> = (0..3).map(|i| json!({"queue": q, "partition": format!("p{i}"), "payload": {"t": tenant}})).collect();
+            assert_eq!(call("POST", "/api/v1/push", tenant, Some(json!({"items": items}))).await.0, 201);
+        }
+    }
+    for tenant in [DEFAULT, OTHER] {
+        let mut got = 0;
+        for _ in 0..10 {
+            let (status, body) = call("GET", "/api/v1/pop?namespace=billing&batch=100&autoAck=true&wait=false", tenant, None).await;
+            if status == 204 {
+                break;
+            }
+            let msgs = body["messages"].as_array().unwrap();
+            assert!(msgs.iter().all(|m| m["data"]["t"] == tenant), "{tenant}: {body}");
+            assert!(!body.to_string().contains("\\u0001"), "{body}");
+            got += msgs.len();
+        }
+        assert_eq!(got, 6, "{tenant} drains its own six");
+        let (_, labels) = call("GET", "/api/v1/resources/namespaces", tenant, None).await;
+        assert_eq!(labels["namespaces"][0]["queues"], 2, "{labels}");
+        assert_eq!(labels["namespaces"][0]["queueNames"], json!(["a", "b"]), "{labels}");
+    }
+}
+
 /// A database of the schema before 0039, holding a queue with messages,
 /// upgraded by a broker's boot: the queue and its messages belong to the
 /// default tenant, which keeps serving them, and no other tenant sees them.

@@ -58,7 +58,7 @@ pub async fn pop_partition(
     serve(&state, Route::Specific { queue: tenant.stored(&queue), partition }, &query_pairs(q)?).await
 }
 
-pub async fn pop_discovery(State(state): State<AppState>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+pub async fn pop_discovery(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let pairs = query_pairs(q)?;
     let label = |k: &str| pairs.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
     let (namespace, task) = (label("namespace"), label("task"));
@@ -71,5 +71,5 @@ pub async fn pop_discovery(State(state): State<AppState>, RawQuery(q): RawQuery)
         )
             .into_response());
     }
-    serve(&state, Route::Discovery { namespace, task }, &pairs).await
+    serve(&state, Route::Discovery { tenant: tenant.0, namespace, task }, &pairs).await
 }

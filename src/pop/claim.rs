@@ -95,7 +95,7 @@ claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_set_v1($1, $2, $3, $4, $5, $6
 // Both answer the same rows (tests/pop.rs compares them); only the cost differs.
 claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
-claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
+claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)");
 claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
 // One partition of a windowBuffer queue whose hold the broker timed itself:
 // the claim with the SQL debounce skipped (`pop_claim_v1`, 0003_pop.sql), named as the
@@ -130,10 +130,10 @@ pub async fn claim_route(
                 [queue, partition, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &mode, &from];
             query(client, SPECIFIC_SQL[p.async_commit as usize], &args).await?
         }
-        Route::Discovery { namespace, task } => {
+        Route::Discovery { tenant, namespace, task } => {
             let cap = p.scan_candidates();
-            let args: [&(dyn ToSql + Sync); 11] =
-                [namespace, task, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &p.partitions, &mode, &from, &cap];
+            let args: [&(dyn ToSql + Sync); 12] =
+                [tenant, namespace, task, &p.group, &worker, &lease, &p.auto_ack, &p.batch, &p.partitions, &mode, &from, &cap];
             query(client, DISCOVER_SQL[p.async_commit as usize], &args).await?
         }
     };

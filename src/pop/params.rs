@@ -31,7 +31,8 @@ pub enum Route {
     /// Exactly one named partition.
     Specific { queue: String, partition: String },
     /// Every queue whose labels match (at least one is set).
-    Discovery { namespace: Option<String>, task: Option<String> },
+    /// By labels, among the tenant's queues (`tenancy`).
+    Discovery { tenant: uuid::Uuid, namespace: Option<String>, task: Option<String> },
 }
 
 /// A pop request with every default applied.
