@@ -19,11 +19,15 @@
 //! queue's name or id inside the broker and the database is per tenant
 //! without knowing it; names are mapped in at the edge and shown without
 //! the prefix ([`shown`]), and an id a request names (a partition id in an
-//! ack) is checked against the tenant ([`Owners`]). Until a route family
-//! does that ([`isolated`]), it is refused whenever tenancy is on (403
-//! `tenant_unsupported`), for the default tenant too, since it would read
-//! or write across every tenant's queues; families join as they are built
-//! (docs/DECISIONS.md).
+//! ack) is checked against the tenant ([`Owners`]). Every family keeps its
+//! data so: KV namespaces, lock namespaces, timers, stream queries, trace
+//! names and ephemeral queues are stored behind the same prefix, and the
+//! reads across queues (listings, status, analytics, the discovery pop)
+//! are confined to the tenant's names. A route the rules below do not know
+//! ([`isolated`]) is refused whenever tenancy is on (403
+//! `tenant_unsupported`), for the default tenant too: a route added without
+//! thinking of tenants would read or write across all of them
+//! (tests/api_reference.rs holds every route of the router to the rules).
 
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -61,6 +65,14 @@ impl Tenant {
     /// [`Tenant::inner`], owned.
     pub fn stored(&self, name: &str) -> String {
         self.inner(name).into_owned()
+    }
+
+    /// Whether the stored name `stored` is this tenant's.
+    pub fn owns(&self, stored: &str) -> bool {
+        match stored.strip_prefix(MARK) {
+            None => self.is_default(),
+            Some(rest) => !self.is_default() && rest.len() > 37 && rest.as_bytes()[36] == MARK as u8 && rest[..36] == self.0.hyphenated().to_string(),
+        }
     }
 
     /// An SQL condition true of the stored names in column `col` that are
@@ -169,12 +181,9 @@ pub fn broker_wide(path: &str) -> bool {
         || path.starts_with("/api/v1/system/")
 }
 
-/// The routes whose data is kept per tenant so far: the push, the named
-/// pops, the acks, transactions, lease extension, KV, locks, timers,
-/// configure, the queue listing, the
-/// routes of one named queue (its lookup, depth and deletion, a group's
-/// cursors on it and their seeks) and the consumer groups. Every other
-/// route is refused while tenancy is on (see the module's doc).
+/// The routes whose data is kept per tenant: every route of the router but
+/// the broker-wide ones ([`broker_wide`]). A route missing here is refused
+/// while tenancy is on (see the module's doc).
 pub fn isolated(method: &Method, path: &str) -> bool {
     let get = method == Method::GET;
     (method == Method::POST
@@ -207,6 +216,10 @@ pub fn isolated(method: &Method, path: &str) -> bool {
         || (method == Method::POST && matches!(path, "/api/v1/fetch" | "/api/v1/partitions/changed" | "/api/v1/stats/refresh"))
         || (get && matches!(path, "/api/v1/resources/overview" | "/api/v1/resources/namespaces" | "/api/v1/resources/tasks"))
         || (method == Method::POST && path.starts_with("/api/v1/consumer-groups/") && path.ends_with("/subscription"))
+        // Streams: queries by the tenant's stored names, their ids checked.
+        || (method == Method::POST && path.starts_with("/streams/v1/"))
+        // Ephemeral queues, kept in memory by their stored names.
+        || path.starts_with("/api/v1/ephemeral/")
         // Timers, kept by their (stored) queue name.
         || (method == Method::POST && path == "/api/v1/timers")
         || (path.starts_with("/api/v1/timers/") && (get || method == Method::DELETE))
@@ -370,13 +383,13 @@ mod tests {
             (Method::GET, "/api/v1/messages"),
             (Method::POST, "/api/v1/consumer-groups/g/subscription"),
             (Method::GET, "/api/v1/analytics/queue-lag"),
+            (Method::GET, "/api/v1/ephemeral/queues"),
+            (Method::POST, "/streams/v1/cycle"),
             (Method::POST, "/api/v1/locks"),
             (Method::GET, "/api/v1/resources/kv/namespaces"),
         ];
         let no = [
             (Method::GET, "/api/v1/resources/queues/q/other/depth"),
-            (Method::GET, "/api/v1/ephemeral/queues"),
-            (Method::POST, "/streams/v1/cycle"),
         ];
         for (m, p) in yes {
             assert!(isolated(&m, p), "{m} {p}");

@@ -68,19 +68,22 @@ async fn the_header_chooses_the_tenant_and_what_it_cannot_serve_is_refused_and_c
         assert_eq!((status, &body["code"]), (403, &json!("reserved_tenant")), "{body}");
     }
     assert_eq!(queues(&b).await, 0, "no refused request created anything");
-    // Another tenant, on a route whose data is not per tenant yet: refused,
-    // not served from the default tenant's data.
-    // With tenancy on, a route whose data is not per tenant yet serves no
-    // one: it would read across every tenant's queues.
+    // The queue listing, per tenant: another tenant's queue is not in it.
+    assert_eq!(send(&b, "POST", "/api/v1/push", Some(OTHER), None).await.0, 201);
     for t in [Some(OTHER), None, Some(DEFAULT)] {
-        let (status, body) = send(&b, "GET", "/api/v1/ephemeral/queues", t, None).await;
-        assert_eq!((status, &body["code"]), (403, &json!("tenant_unsupported")), "{t:?}: {body}");
+        let (status, body) = send(&b, "GET", "/api/v1/resources/queues", t, None).await;
+        assert_eq!((status, body["total"].as_i64()), (200, Some(t.map_or(0, |t| (t == OTHER) as i64))), "{t:?}: {body}");
     }
+    assert_eq!(queues(&b).await, 1);
+    // A route the tenancy rules do not know (none of the router's: see
+    // tests/api_reference.rs) is refused, never served across tenants.
+    let (status, body) = send(&b, "GET", "/api/v1/not-a-route", Some(OTHER), None).await;
+    assert_eq!((status, &body["code"]), (403, &json!("tenant_unsupported")), "{body}");
     // No header, a blank one, or the default tenant named: served.
     for t in [None, Some(" "), Some(DEFAULT), Some("00000000-0000-0000-0000-000000000001 ")] {
         assert_eq!(send(&b, "POST", "/api/v1/push", t, None).await.0, 201, "{t:?}");
     }
-    assert_eq!(queues(&b).await, 1);
+    assert_eq!(queues(&b).await, 2, "OTHER's tq and the default tenant's");
     // Broker-wide routes do not look at it.
     assert_eq!(send(&b, "GET", "/health", Some("nope"), None).await.0, 200);
     assert_eq!(send(&b, "GET", "/api/v1/system/brokers", Some(OTHER), None).await.0, 200);
@@ -120,7 +123,7 @@ async fn a_tenant_claim_names_the_tenant_and_a_header_that_disagrees_is_refused(
     assert_eq!((status, &body["code"]), (403, &json!("tenant_mismatch")), "{body}");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&none)).await.1["code"], "tenant_claim_missing");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&junk)).await.1["code"], "tenant_claim_invalid");
-    assert_eq!(send(&b, "GET", "/api/v1/ephemeral/queues", None, Some(&other)).await.1["code"], "tenant_unsupported");
+    assert_eq!(send(&b, "GET", "/api/v1/not-a-route", None, Some(&other)).await.1["code"], "tenant_unsupported");
     assert_eq!(send(&b, "POST", "/api/v1/push", None, Some(&other)).await.0, 201, "push is per tenant");
     let (status, me) = send(&b, "GET", "/auth/me", None, Some(&other)).await;
     assert_eq!((status, &me["tenant"], &me["subject"]), (200, &json!(OTHER), &json!("b")));
@@ -510,6 +513,80 @@ async fn discovery_pops_are_per_tenant() {
         assert_eq!(labels["namespaces"][0]["queues"], 2, "{labels}");
         assert_eq!(labels["namespaces"][0]["queueNames"], json!(["a", "b"]), "{labels}");
     }
+}
+
+/// Streams and ephemeral queues in two tenants with one query name and one
+/// queue name: each registers, cycles, reads state and pops its own;
+/// another tenant's query id or partition id answers as an unknown one.
+#[tokio::test]
+async fn streams_and_ephemeral_queues_are_per_tenant() {
+    let b = Broker::start_with(&[("QUEEN_TENANCY_HEADER", "true"), ("QUEEN_TRUSTED_PROXY", "true")]).await;
+    let call = |method: &'static str, path: &str, tenant: &'static str, body: Option<Value>| as_tenant(&b, method, path.into(), tenant, body);
+    let mut runs = Vec::new();
+    for tenant in [DEFAULT, OTHER] {
+        let reg = json!({"name": "totals", "source_queue": "src", "sink_queue": "sink", "config_hash": tenant});
+        let (status, r) = call("POST", "/streams/v1/queries", tenant, Some(reg)).await;
+        assert_eq!((status, &r["fresh"], &r["name"]), (200, &json!(true), &json!("totals")), "a name of its own: {r}");
+        call("POST", "/api/v1/push", tenant, Some(json!({"items": [{"queue": "src", "partition": "p", "payload": {"t": tenant}}]}))).await;
+        let (_, pop) = call("GET", "/api/v1/pop/queue/src/partition/p?consumerGroup=streams.totals&batch=1&wait=false", tenant, None).await;
+        let m = &pop["messages"][0];
+        runs.push((r["query_id"].as_str().unwrap().to_string(), m["partitionId"].as_str().unwrap().to_string(),
+                   pop["leaseId"].as_str().unwrap().to_string(), m["transactionId"].as_str().unwrap().to_string()));
+    }
+    assert_ne!(runs[0].0, runs[1].0, "two queries");
+    let cycle = |(q, pid, lease, txn): &(String, String, String, String), to: &str| json!({"query_id": q, "partition_id": pid,
+        "consumer_group": "streams.totals", "state_ops": [{"type": "upsert", "key": "sum", "value": to}],
+        "push_items": [{"queue": "sink", "partition": "p", "payload": {"to": to}}],
+        "ack": {"transactionId": txn, "leaseId": lease, "status": "completed", "count": 1}, "release_lease": true});
+    // DEFAULT on OTHER's query: unregistered; on its own query with OTHER's
+    // partition and lease: refused as on an unknown partition.
+    let (_, foreign_query) = call("POST", "/streams/v1/cycle", DEFAULT, Some(cycle(&runs[1], "x"))).await;
+    assert_eq!(foreign_query, json!({"success": false, "error": format!("query_id {} is not registered", runs[1].0)}));
+    let mixed = (runs[0].0.clone(), runs[1].1.clone(), runs[1].2.clone(), runs[1].3.clone());
+    let (_, foreign_pid) = call("POST", "/streams/v1/cycle", DEFAULT, Some(cycle(&mixed, "x"))).await;
+    let unknown = (runs[0].0.clone(), "987654321".to_string(), runs[1].2.clone(), runs[1].3.clone());
+    let (_, unknown_pid) = call("POST", "/streams/v1/cycle", DEFAULT, Some(cycle(&unknown, "x"))).await;
+    assert_eq!(foreign_pid["success"], false, "{foreign_pid}");
+    let text = |v: &Value, pid: &str| v["error"].as_str().unwrap().replace(&format!("on partition {pid} "), "on partition <pid> ");
+    assert_eq!(text(&foreign_pid, &runs[1].1), text(&unknown_pid, "987654321"));
+    let (_, state) = call("POST", "/streams/v1/state/get", DEFAULT, Some(json!({"query_id": runs[1].0, "partition_id": runs[1].1, "keys": []}))).await;
+    assert_eq!(state["rows"], json!([]), "{state}");
+    // Each cycles its own.
+    for (i, tenant) in [DEFAULT, OTHER].into_iter().enumerate() {
+        let (_, done) = call("POST", "/streams/v1/cycle", tenant, Some(cycle(&runs[i], tenant))).await;
+        assert_eq!((&done["success"], &done["push_results"][0]["queueName"]), (&json!(true), &json!("sink")), "{done}");
+        let (_, state) = call("POST", "/streams/v1/state/get", tenant, Some(json!({"query_id": runs[i].0, "partition_id": runs[i].1, "keys": ["sum"]}))).await;
+        assert_eq!(state["rows"][0]["value"], tenant, "{state}");
+        let (_, sink) = call("GET", "/api/v1/pop/queue/sink?batch=10&autoAck=true&wait=false", tenant, None).await;
+        let got: Vec<Value> = sink["messages"].as_array().unwrap().iter().map(|m| m["data"]["to"].clone()).collect();
+        assert_eq!(got, vec![json!(tenant)]);
+    }
+    // Ephemeral: one queue name, two queues.
+    for tenant in [DEFAULT, OTHER] {
+        let (status, r) = call("POST", "/api/v1/ephemeral/push", tenant, Some(json!({"queue": "live", "messages": [{"payload": {"t": tenant}}]}))).await;
+        assert_eq!((status, &r["queue"]), (200, &json!("live")), "{r}");
+    }
+    call("POST", "/api/v1/ephemeral/push", OTHER, Some(json!({"queue": "only-other", "messages": [{"payload": 1}]}))).await;
+    let (_, listed) = call("GET", "/api/v1/ephemeral/queues", DEFAULT, None).await;
+    let names: Vec<&Value> = listed["queues"].as_array().unwrap().iter().map(|q| &q["queue"]).collect();
+    assert_eq!(names, vec![&json!("live")], "{listed}");
+    assert_eq!(call("GET", "/api/v1/ephemeral/queues/only-other/depth", DEFAULT, None).await.0, 404);
+    let (_, depth) = call("GET", "/api/v1/ephemeral/queues/only-other/depth", OTHER, None).await;
+    assert_eq!((&depth["queue"], &depth["depth"]), (&json!("only-other"), &json!(1)), "{depth}");
+    let (_, popped) = call("GET", "/api/v1/ephemeral/pop?queue=live&batch=10", OTHER, None).await;
+    let msgs = popped["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 1, "{popped}");
+    assert_eq!(msgs[0]["payload"]["t"], OTHER);
+    let id = msgs[0]["id"].as_str().unwrap();
+    let (_, foreign_ack) = call("POST", "/api/v1/ephemeral/ack", DEFAULT, Some(json!({"queue": "live", "acks": [{"id": id}]}))).await;
+    // A made-up id of the same shape: what an id no delivery of the caller's queue has answers.
+    let made_up = format!("{}.999999", id.rsplit_once('.').unwrap().0);
+    let (_, unknown_ack) = call("POST", "/api/v1/ephemeral/ack", DEFAULT, Some(json!({"queue": "live", "acks": [{"id": made_up}]}))).await;
+    assert_eq!(foreign_ack["results"][0]["outcome"], unknown_ack["results"][0]["outcome"], "{foreign_ack} {unknown_ack}");
+    let (_, own_ack) = call("POST", "/api/v1/ephemeral/ack", OTHER, Some(json!({"queue": "live", "acks": [{"id": id}]}))).await;
+    assert_ne!(own_ack["results"][0]["outcome"], foreign_ack["results"][0]["outcome"], "{own_ack}");
+    let (_, mine) = call("GET", "/api/v1/ephemeral/pop?queue=live&batch=10&autoAck=true", DEFAULT, None).await;
+    assert_eq!(mine["messages"][0]["payload"]["t"], DEFAULT, "{mine}");
 }
 
 /// A database of the schema before 0039, holding a queue with messages,

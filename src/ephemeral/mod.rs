@@ -153,7 +153,7 @@ impl Ephemeral {
         let mut s = q.state.lock().expect("ephemeral queue");
         s.options = applied;
         s.declared = true;
-        Ok(json!({"queue": name, "configured": true, "created": created, "options": s.options.to_json()}))
+        Ok(json!({"queue": crate::tenancy::shown(name), "configured": true, "created": created, "options": s.options.to_json()}))
     }
 
     /// Drops every message of `name`; how many.
@@ -297,7 +297,7 @@ impl Ephemeral {
     fn describe(name: &str, s: &QueueState) -> Value {
         let c = &s.counters;
         json!({
-            "queue": name,
+            "queue": crate::tenancy::shown(name),
             "declared": s.declared,
             "depth": s.length,
             "bytes": s.bytes,
@@ -311,15 +311,22 @@ impl Ephemeral {
         })
     }
 
-    /// `GET /api/v1/ephemeral/queues`.
-    pub fn list(&self, enabled: bool) -> Value {
-        let queues: Vec<(String, Arc<Queue>)> =
-            self.queues.read().expect("ephemeral map").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    /// `GET /api/v1/ephemeral/queues`: every queue, or with tenancy on
+    /// (`tenant` given) the tenant's.
+    pub fn list(&self, enabled: bool, tenant: Option<crate::tenancy::Tenant>) -> Value {
+        let queues: Vec<(String, Arc<Queue>)> = self
+            .queues
+            .read()
+            .expect("ephemeral map")
+            .iter()
+            .filter(|(k, _)| tenant.is_none_or(|t| t.owns(k)))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let mut out: Vec<Value> = queues
             .iter()
             .map(|(name, q)| {
                 let s = q.state.lock().expect("ephemeral queue");
-                json!({"queue": name, "declared": s.declared, "depth": s.length, "bytes": s.bytes,
+                json!({"queue": crate::tenancy::shown(name), "declared": s.declared, "depth": s.length, "bytes": s.bytes,
                        "partitions": s.partitions().count(), "groups": s.groups().len(), "options": s.options.to_json()})
             })
             .collect();

@@ -23,6 +23,7 @@ use serde_json::{json, Map, Value};
 use super::query::Params;
 use super::AppState;
 use crate::ephemeral::{Refusal, QUEUE_MODE};
+use crate::tenancy::Tenant;
 
 /// Longest queue, partition and group name.
 const MAX_NAME: usize = 256;
@@ -108,11 +109,11 @@ struct PushMessage {
 }
 
 /// `POST /api/v1/ephemeral/push` → `{pushed}`.
-pub async fn push(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    answer(push_inner(&state, &headers, body).await)
+pub async fn push(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, body: axum::body::Body) -> Response {
+    answer(push_inner(&state, tenant, &headers, body).await)
 }
 
-async fn push_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+async fn push_inner(state: &AppState, tenant: Tenant, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
     enabled(state)?;
     let parsed: PushBody = typed(state, headers, body, "a push body {queue, partition?, messages:[{payload}]}").await?;
     let queue = name("queue", parsed.queue.as_deref())?;
@@ -128,7 +129,7 @@ async fn push_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Bod
     if payloads.is_empty() {
         return Ok(Json(json!({"pushed": 0})).into_response());
     }
-    Ok(match state.ephemeral.push(&queue, &partition, payloads) {
+    Ok(match state.ephemeral.push(&tenant.stored(&queue), &partition, payloads) {
         Ok(n) => Json(json!({"pushed": n, "queue": queue, "partition": partition})).into_response(),
         Err(Refusal::Full { detail }) => refuse(StatusCode::TOO_MANY_REQUESTS, "ephemeral_queue_full", &detail),
         Err(Refusal::TooLarge { detail }) => refuse(StatusCode::PAYLOAD_TOO_LARGE, "ephemeral_request_too_large", &detail),
@@ -151,11 +152,11 @@ struct Popped<'a> {
 /// `GET /api/v1/ephemeral/pop?queue&partition&batch&wait&timeout&group&autoAck`
 /// → `{queue, messages:[{id, partition, payload, attempts}]}` (an empty
 /// list when there was nothing).
-pub async fn pop(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
-    answer(pop_inner(&state, raw).await)
+pub async fn pop(State(state): State<AppState>, tenant: Tenant, RawQuery(raw): RawQuery) -> Response {
+    answer(pop_inner(&state, tenant, raw).await)
 }
 
-async fn pop_inner(state: &AppState, raw: Option<String>) -> Result<Response, Response> {
+async fn pop_inner(state: &AppState, tenant: Tenant, raw: Option<String>) -> Result<Response, Response> {
     enabled(state)?;
     let p = Params::parse(raw).map_err(|e| bad("query", &e.to_string()))?;
     let flag = |k: &str| -> Result<bool, Response> {
@@ -173,7 +174,7 @@ async fn pop_inner(state: &AppState, raw: Option<String>) -> Result<Response, Re
     let timeout = int("timeout", 30_000, 0, MAX_WAIT_MS)?;
     let commit = flag("autoAck")? || flag("auto_ack")?;
     let wait = wait.then(|| Duration::from_millis(timeout as u64));
-    let got = state.ephemeral.pop(&queue, &group, partition.as_deref(), batch, commit, wait).await;
+    let got = state.ephemeral.pop(&tenant.stored(&queue), &group, partition.as_deref(), batch, commit, wait).await;
     let messages: Vec<Popped> =
         got.iter().map(|m| Popped { id: &m.id, partition: &m.partition, payload: &m.payload, attempts: m.attempts }).collect();
     #[derive(Serialize)]
@@ -203,11 +204,11 @@ struct AckEntry<'a> {
 
 /// `POST /api/v1/ephemeral/ack` `{queue, group?, acks:[{id, status?, error?}]}`
 /// → `{results:[{id, outcome}]}`.
-pub async fn ack(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    answer(ack_inner(&state, &headers, body).await)
+pub async fn ack(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, body: axum::body::Body) -> Response {
+    answer(ack_inner(&state, tenant, &headers, body).await)
 }
 
-async fn ack_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+async fn ack_inner(state: &AppState, tenant: Tenant, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
     enabled(state)?;
     let bytes = body_bytes(state, headers, body).await?;
     let parsed: AckBody = serde_json::from_slice(&bytes).map_err(|e| bad("body", &format!("not an ack body {{queue, group?, acks:[{{id, status?}}]}}: {e}")))?;
@@ -234,7 +235,7 @@ async fn ack_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body
         };
         acks.push((id, settle));
     }
-    let outcomes = state.ephemeral.ack(&queue, &group, &acks);
+    let outcomes = state.ephemeral.ack(&tenant.stored(&queue), &group, &acks);
     #[derive(Serialize)]
     struct Result<'a> {
         id: &'a str,
@@ -256,11 +257,11 @@ async fn ack_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body
 }
 
 /// `POST /api/v1/ephemeral/configure` `{queue, options}`.
-pub async fn configure(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    answer(configure_inner(&state, &headers, body).await)
+pub async fn configure(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, body: axum::body::Body) -> Response {
+    answer(configure_inner(&state, tenant, &headers, body).await)
 }
 
-async fn configure_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+async fn configure_inner(state: &AppState, tenant: Tenant, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
     enabled(state)?;
     let body = json_object(state, headers, body).await?;
     let queue = name("queue", body.get("queue").and_then(Value::as_str))?;
@@ -270,35 +271,36 @@ async fn configure_inner(state: &AppState, headers: &HeaderMap, body: axum::body
         Some(Value::Object(o)) => o,
         Some(_) => return Err(bad("options", "must be an object")),
     };
-    let configured = state.ephemeral.configure(&queue, options).map_err(|(field, problem)| bad(&field, &problem))?;
+    let configured = state.ephemeral.configure(&tenant.stored(&queue), options).map_err(|(field, problem)| bad(&field, &problem))?;
     Ok(Json(configured).into_response())
 }
 
 /// `POST /api/v1/ephemeral/reset` `{queue}` → `{dropped}`.
-pub async fn reset(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Body) -> Response {
-    answer(reset_inner(&state, &headers, body).await)
+pub async fn reset(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, body: axum::body::Body) -> Response {
+    answer(reset_inner(&state, tenant, &headers, body).await)
 }
 
-async fn reset_inner(state: &AppState, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
+async fn reset_inner(state: &AppState, tenant: Tenant, headers: &HeaderMap, body: axum::body::Body) -> Result<Response, Response> {
     enabled(state)?;
     let body = json_object(state, headers, body).await?;
     let queue = name("queue", body.get("queue").and_then(Value::as_str))?;
-    Ok(Json(json!({"queue": queue, "dropped": state.ephemeral.reset(&queue)})).into_response())
+    Ok(Json(json!({"queue": queue, "dropped": state.ephemeral.reset(&tenant.stored(&queue))})).into_response())
 }
 
 /// `DELETE /api/v1/ephemeral/queue/{queue}` → `{deleted}`.
-pub async fn delete(State(state): State<AppState>, Path(queue): Path<String>) -> Response {
-    answer(enabled(&state).map(|()| Json(json!({"queue": queue, "deleted": state.ephemeral.delete(&queue)})).into_response()))
+pub async fn delete(State(state): State<AppState>, tenant: Tenant, Path(queue): Path<String>) -> Response {
+    answer(enabled(&state).map(|()| Json(json!({"queue": queue, "deleted": state.ephemeral.delete(&tenant.stored(&queue))})).into_response()))
 }
 
 /// `GET /api/v1/ephemeral/queues`.
-pub async fn queues(State(state): State<AppState>) -> Response {
-    Json(state.ephemeral.list(state.ephemeral_enabled())).into_response()
+pub async fn queues(State(state): State<AppState>, tenant: Tenant) -> Response {
+    let tenant = crate::tenancy::enabled(&state.config).then_some(tenant);
+    Json(state.ephemeral.list(state.ephemeral_enabled(), tenant)).into_response()
 }
 
 /// `GET /api/v1/ephemeral/queues/{queue}/depth`.
-pub async fn depth(State(state): State<AppState>, Path(queue): Path<String>) -> Response {
-    match state.ephemeral.depth(&queue) {
+pub async fn depth(State(state): State<AppState>, tenant: Tenant, Path(queue): Path<String>) -> Response {
+    match state.ephemeral.depth(&tenant.stored(&queue)) {
         Some(d) => Json(d).into_response(),
         None => refuse(StatusCode::NOT_FOUND, "ephemeral_queue_not_found", &format!("no ephemeral queue {queue:?} on this broker")),
     }

@@ -13,6 +13,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::push::validate::PushItem;
 use crate::streams::{self, parse, Registered};
+use crate::tenancy::Tenant;
 
 fn refused(status: StatusCode, error: String) -> Response {
     (status, Json(json!({"success": false, "error": error}))).into_response()
@@ -29,6 +30,7 @@ async fn body(state: &AppState, headers: &HeaderMap, raw: axum::body::Body) -> R
 /// `POST /streams/v1/queries`.
 pub async fn register(
     State(state): State<AppState>,
+    tenant: Tenant,
     principal: Option<axum::Extension<super::auth::Principal>>,
     headers: HeaderMap,
     raw: axum::body::Body,
@@ -46,7 +48,9 @@ pub async fn register(
     if r.reset && !super::auth::permits(principal.as_ref().map(|p| &p.0), super::auth::Level::Admin) {
         return Ok(super::auth::insufficient("reset: discarding a query's state and cursors needs admin"));
     }
-    match streams::register(&state.pool, &r.name, &r.source, r.sink.as_deref(), &r.hash, r.reset).await? {
+    let (name, source) = (tenant.stored(&r.name), tenant.stored(&r.source));
+    let sink = r.sink.as_deref().map(|s| tenant.stored(s));
+    match streams::register(&state.pool, tenant, &name, &source, sink.as_deref(), &r.hash, r.reset).await? {
         Registered::Conflict { stored_hash } => Ok(refused(
             StatusCode::CONFLICT,
             format!(
@@ -58,7 +62,7 @@ pub async fn register(
             if reset {
                 // From scratch: the default group's cursors went with the
                 // state (streams::register); its candidate ring goes too.
-                state.pop.hotlist.forget(Some(&r.source), Some(&streams::default_group(&r.name)));
+                state.pop.hotlist.forget(Some(&source), Some(&streams::default_group(&name)));
             }
             Ok(Json(json!({"success": true, "query_id": id, "name": r.name, "config_hash": r.hash, "fresh": fresh, "reset": reset})).into_response())
         }
@@ -66,7 +70,7 @@ pub async fn register(
 }
 
 /// `POST /streams/v1/state/get`.
-pub async fn state_get(State(state): State<AppState>, headers: HeaderMap, raw: axum::body::Body) -> Result<Response, ApiError> {
+pub async fn state_get(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, raw: axum::body::Body) -> Result<Response, ApiError> {
     let v = match body(&state, &headers, raw).await {
         Ok(v) => v,
         Err(r) => return Ok(r),
@@ -74,6 +78,10 @@ pub async fn state_get(State(state): State<AppState>, headers: HeaderMap, raw: a
     match parse::state_get(&v) {
         Ok(q) if q.keys.len() > streams::STATE_GET_MAX_ROWS as usize => {
             Ok(refused(StatusCode::PAYLOAD_TOO_LARGE, format!("keys: at most {} per call, got {}", streams::STATE_GET_MAX_ROWS, q.keys.len())))
+        }
+        // Another tenant's query reads as an unregistered one: no rows.
+        Ok(q) if tenancy_on(&state) && !streams::owned(&state.pool, tenant, q.query).await? => {
+            Ok(Json(json!({"success": true, "rows": []})).into_response())
         }
         Ok(q) => match streams::state(&state.pool, &q).await? {
             Ok(answer) => Ok(Json(answer).into_response()),
@@ -84,7 +92,11 @@ pub async fn state_get(State(state): State<AppState>, headers: HeaderMap, raw: a
 }
 
 /// `POST /streams/v1/cycle`.
-pub async fn cycle(State(state): State<AppState>, headers: HeaderMap, raw: axum::body::Body) -> Result<Response, ApiError> {
+fn tenancy_on(state: &AppState) -> bool {
+    crate::tenancy::enabled(&state.config)
+}
+
+pub async fn cycle(State(state): State<AppState>, tenant: Tenant, headers: HeaderMap, raw: axum::body::Body) -> Result<Response, ApiError> {
     let v = match body(&state, &headers, raw).await {
         Ok(v) => v,
         Err(r) => return Ok(r),
@@ -93,7 +105,14 @@ pub async fn cycle(State(state): State<AppState>, headers: HeaderMap, raw: axum:
         Ok(c) => c,
         Err(e) => return Ok(refused(StatusCode::BAD_REQUEST, e)),
     };
-    let push_items: Vec<PushItem<'_>> = c
+    let mut foreign = false;
+    if tenancy_on(&state) {
+        if !streams::owned(&state.pool, tenant, c.query).await? {
+            return Ok(Json(streams::not_registered(c.query)).into_response());
+        }
+        foreign = !state.owners.foreign(&state.pool, tenant, &[c.partition_id]).await?.is_empty();
+    }
+    let mut push_items: Vec<PushItem<'_>> = c
         .pushes
         .iter()
         .map(|(queue, partition, payload, txn)| PushItem {
@@ -105,9 +124,11 @@ pub async fn cycle(State(state): State<AppState>, headers: HeaderMap, raw: axum:
             message_id: None,
         })
         .collect();
+    tenant.own(&mut push_items);
     let cycle = streams::Cycle {
         query: c.query,
         partition_id: c.partition_id,
+        foreign,
         group: c.group.clone(),
         state_ops: c.state_ops.clone(),
         push_items,

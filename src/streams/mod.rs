@@ -33,8 +33,18 @@ pub enum Registered {
 ///
 /// A registration that resets discards the query's state and its default
 /// group's cursors on the source in the same transaction: a crash between
-/// them cannot leave fresh state over old cursors.
-pub async fn register(pool: &Pool, name: &str, source: &str, sink: Option<&str>, hash: &str, reset: bool) -> Result<Registered, DbError> {
+/// them cannot leave fresh state over old cursors. `name`, `source` and
+/// `sink` are `tenant`'s stored names (`tenancy`).
+#[allow(clippy::too_many_arguments)]
+pub async fn register(
+    pool: &Pool,
+    tenant: crate::tenancy::Tenant,
+    name: &str,
+    source: &str,
+    sink: Option<&str>,
+    hash: &str,
+    reset: bool,
+) -> Result<Registered, DbError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let r = tx
@@ -45,15 +55,29 @@ pub async fn register(pool: &Pool, name: &str, source: &str, sink: Option<&str>,
         None => Registered::Ok { id: r.get(0), fresh: r.get(1), reset: r.get(2) },
     };
     if let Registered::Ok { reset: true, .. } = registered {
-        crate::admin::groups::delete_in(&tx, crate::tenancy::Tenant::default(), &default_group(name), Some(source), true).await?;
+        crate::admin::groups::delete_in(&tx, tenant, &default_group(name), Some(source), true).await?;
     }
     tx.commit().await?;
     Ok(registered)
 }
 
-/// The consumer group a stream reads with unless told otherwise.
+/// The consumer group a stream reads with unless told otherwise (of the
+/// query's name as its tenant knows it: the client derives the same).
 pub fn default_group(name: &str) -> String {
-    format!("streams.{name}")
+    format!("streams.{}", crate::tenancy::shown(name))
+}
+
+/// Whether query `id` is `tenant`'s (an unknown one is no one's).
+pub async fn owned(pool: &Pool, tenant: crate::tenancy::Tenant, id: Uuid) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let row = client.query_opt("SELECT name FROM queen.stream_queries WHERE id = $1", &[&id]).await?;
+    Ok(row.is_some_and(|r| tenant.owns(r.get::<_, &str>(0))))
+}
+
+/// The answer to a cycle on a query that is not registered (or is another
+/// tenant's, which answers alike).
+pub fn not_registered(query: Uuid) -> Value {
+    json!({"success": false, "error": format!("query_id {query} is not registered")})
 }
 
 /// Most rows one `state/get` answers.
@@ -128,6 +152,9 @@ pub struct CycleAck {
 pub struct Cycle<'a> {
     pub query: Uuid,
     pub partition_id: i64,
+    /// The partition is another tenant's (`tenancy`): the ack is sent on
+    /// no partition, and answers as one of an unknown partition does.
+    pub foreign: bool,
     pub group: String,
     pub state_ops: Vec<StateOp>,
     pub push_items: Vec<PushItem<'a>>,
@@ -146,6 +173,7 @@ pub struct CycleDone {
 /// (`success: true`) or rolled back (`success: false`).
 pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coalescer, c: &Cycle<'_>) -> Result<CycleDone, TxnError> {
     let refused = |error: String| CycleDone { answer: json!({"success": false, "error": error}), pushed: vec![], released: vec![] };
+    let unknown = || CycleDone { answer: not_registered(c.query), pushed: vec![], released: vec![] };
     let mut client = pool.get().await.map_err(DbError::from)?;
     let tx = client.transaction().await?;
     // The state ops and the query check are one statement, sent on the
@@ -158,7 +186,7 @@ pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coal
             Some(a) => {
                 let item = AckItem {
                     transaction_id: a.transaction_id.clone(),
-                    partition_id: c.partition_id.to_string(),
+                    partition_id: if c.foreign { crate::tenancy::NO_PARTITION.to_string() } else { c.partition_id.to_string() },
                     status: AckStatus::normalize(a.status.as_deref()),
                     error: None,
                     lease_id: a.lease_id.clone(),
@@ -172,7 +200,7 @@ pub async fn cycle(pool: &Pool, acks: &AckService, coalescer: &crate::push::Coal
     let (known, acked) = tokio::join!(state, ack);
     if !known? {
         tx.rollback().await?;
-        return Ok(refused(format!("query_id {} is not registered", c.query)));
+        return Ok(unknown());
     }
     // 1. The ack, fenced by its lease: a lost lease refuses the whole cycle.
     let mut released = Vec::new();
