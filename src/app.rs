@@ -201,6 +201,16 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         let (p, gauge_spool, walk) = (p.clone(), gauge_spool.clone(), walk.clone());
         async move { crate::maintenance::gauges::tick(&p, gauge_spool.as_ref(), &walk, window).await }
     });
+    // Quotas: read before the first request, then every QUEEN_QUOTA_SAMPLE_MS.
+    let quotas = Arc::new(crate::tenancy::quota::Quotas::new(config.tenancy.quotas));
+    if let Err(e) = quotas.sample(&store.pool).await {
+        tracing::warn!(error = %e, "could not read the tenants' quotas; retrying on the next sample");
+    }
+    let (p, q) = (store.pool.clone(), quotas.clone());
+    crate::maintenance::spawn_service("quotas", config.tenancy.quota_sample, stop_services.subscribe(), move || {
+        let (p, q) = (p.clone(), q.clone());
+        async move { q.sample(&p).await.map(|()| false) }
+    });
     let flush_every = config.file_buffer_flush;
     let config_limits = config.limits.clone();
     let config_ephemeral = config.ephemeral.clone();
@@ -219,7 +229,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         traces: crate::reads::traces::TraceWriter::new(store.pool.clone()), switches,
         kv: crate::kv::KvWriter::new(store.pool.clone(), config_kv.limits.clone(), config_kv.writers),
         ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)),
-        owners: Arc::new(crate::tenancy::Owners::default()) };
+        owners: Arc::new(crate::tenancy::Owners::default()), quotas };
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     spawn_timer_fire(state.clone(), stop_services.subscribe());
     spawn_ephemeral_sweeper(state.ephemeral.clone(), stop_services.subscribe());

@@ -121,6 +121,9 @@ pub struct AuthConfig {
     pub metrics_public: bool,
     /// `QUEEN_TENANT_CLAIM`: the claim that names the caller's tenant.
     pub tenant_claim: Option<String>,
+    /// `QUEEN_TENANCY_ADMIN_CLAIM`: a claim which, true in an admin's
+    /// token, makes that admin an admin across tenants.
+    pub admin_all_claim: Option<String>,
 }
 
 impl Default for AuthConfig {
@@ -141,6 +144,7 @@ impl Default for AuthConfig {
             role_read_only: "read-only".into(),
             role_write_only: "write-only".into(),
             tenant_claim: None,
+            admin_all_claim: None,
             metrics_public: true,
         }
     }
@@ -437,6 +441,7 @@ fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig
         role_write_only: env.string(&["JWT_ROLE_WRITE_ONLY"], &d.role_write_only),
         metrics_public: env.boolean(&["METRICS_PUBLIC"], true)?,
         tenant_claim: env.get(&["QUEEN_TENANT_CLAIM"]).map(|(_, v)| v.trim().to_string()).filter(|v| !v.is_empty()),
+        admin_all_claim: env.get(&["QUEEN_TENANCY_ADMIN_CLAIM"]).map(|(_, v)| v.trim().to_string()).filter(|v| !v.is_empty()),
     };
     if let (false, Some(claim)) = (cfg.enabled, &cfg.tenant_claim) {
         return Err(ConfigError { var: "QUEEN_TENANT_CLAIM", value: claim.clone(), expected: "JWT_ENABLED=true: the claim is read from verified tokens".into() });
@@ -457,18 +462,61 @@ fn auth_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<AuthConfig
     Ok(cfg)
 }
 
-/// How a request's tenant is chosen (`tenancy`, issue 49).
-#[derive(Debug, Clone, PartialEq, Default)]
+/// How a request's tenant is chosen, who acts across tenants, and the
+/// quotas every tenant has unless it was given its own (`tenancy`, issue 49).
+#[derive(Debug, Clone, PartialEq)]
 pub struct TenancyConfig {
     /// `QUEEN_TENANCY_HEADER`: honour `x-queen-tenant`. (The JWT claim
     /// that may name the tenant instead is `AuthConfig::tenant_claim`: the
     /// token's verification reads it.)
     pub header: bool,
+    /// `QUEEN_TENANCY_ADMIN_ALL`: an admin acts across tenants (lists them,
+    /// sets their quotas, purges them, picks one in the dashboard).
+    pub admin_all: bool,
+    /// `QUEEN_QUOTA_*`: the default limits (None: unlimited).
+    pub quotas: QuotaLimits,
+    /// `QUEEN_QUOTA_SAMPLE_MS`: how often a broker reloads the quotas and
+    /// samples the stored totals (and the live brokers that share a rate).
+    pub quota_sample: Duration,
+}
+
+impl Default for TenancyConfig {
+    fn default() -> Self {
+        TenancyConfig { header: false, admin_all: false, quotas: QuotaLimits::default(), quota_sample: Duration::from_secs(5) }
+    }
+}
+
+/// A tenant's limits (`tenancy::quota`); None: no limit. Rates are per
+/// second across every broker on the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QuotaLimits {
+    pub push_messages_per_second: Option<u64>,
+    pub push_bytes_per_second: Option<u64>,
+    pub stored_bytes: Option<u64>,
+    pub queues: Option<u64>,
+    pub kv_reads_per_second: Option<u64>,
+    pub kv_writes_per_second: Option<u64>,
+    pub ephemeral_messages_per_second: Option<u64>,
+    pub ephemeral_bytes: Option<u64>,
 }
 
 fn tenancy_config<F: Fn(&str) -> Option<String>>(env: &Env<F>) -> Result<TenancyConfig, ConfigError> {
+    // 0 (the default) is no limit.
+    let limit = |name: &'static str| env.parse(&[name], 0u64, "a whole number, 0 for no limit", |_| true).map(|v| (v > 0).then_some(v));
     let cfg = TenancyConfig {
         header: env.boolean(&["QUEEN_TENANCY_HEADER"], false)?,
+        admin_all: env.boolean(&["QUEEN_TENANCY_ADMIN_ALL"], false)?,
+        quotas: QuotaLimits {
+            push_messages_per_second: limit("QUEEN_QUOTA_PUSH_MESSAGES_PER_SECOND")?,
+            push_bytes_per_second: limit("QUEEN_QUOTA_PUSH_BYTES_PER_SECOND")?,
+            stored_bytes: limit("QUEEN_QUOTA_STORED_BYTES")?,
+            queues: limit("QUEEN_QUOTA_QUEUES")?,
+            kv_reads_per_second: limit("QUEEN_QUOTA_KV_READS_PER_SECOND")?,
+            kv_writes_per_second: limit("QUEEN_QUOTA_KV_WRITES_PER_SECOND")?,
+            ephemeral_messages_per_second: limit("QUEEN_QUOTA_EPHEMERAL_MESSAGES_PER_SECOND")?,
+            ephemeral_bytes: limit("QUEEN_QUOTA_EPHEMERAL_BYTES")?,
+        },
+        quota_sample: Duration::from_millis(env.parse(&["QUEEN_QUOTA_SAMPLE_MS"], 5000u64, "milliseconds from 100 to 3600000", |v| (100..=3_600_000).contains(v))?),
     };
     // Anyone could name another tenant in a header no proxy rewrites.
     if cfg.header && !env.boolean(&["QUEEN_TRUSTED_PROXY"], false)? {
@@ -785,6 +833,17 @@ impl Config {
         ("QUEEN_TENANCY_HEADER", "false", "take each request's tenant from the x-queen-tenant header (a UUID; absent: the default tenant); needs QUEEN_TRUSTED_PROXY"),
         ("QUEEN_TRUSTED_PROXY", "false", "the broker is reached only through a proxy that sets x-queen-tenant and strips the client's copy"),
         ("QUEEN_TENANT_CLAIM", "", "a JWT claim naming the caller's tenant (needs JWT_ENABLED); a header that disagrees is refused"),
+        ("QUEEN_TENANCY_ADMIN_ALL", "false", "an admin acts across tenants: lists them, sets their quotas, purges them (without JWT: every caller)"),
+        ("QUEEN_TENANCY_ADMIN_CLAIM", "", "a JWT claim which, true in an admin's token, makes that admin an admin across tenants"),
+        ("QUEEN_QUOTA_PUSH_MESSAGES_PER_SECOND", "0", "each tenant's pushed messages per second across the brokers, unless set for it (0: no limit)"),
+        ("QUEEN_QUOTA_PUSH_BYTES_PER_SECOND", "0", "each tenant's pushed payload bytes per second (0: no limit)"),
+        ("QUEEN_QUOTA_STORED_BYTES", "0", "each tenant's stored segment bytes, sampled (0: no limit)"),
+        ("QUEEN_QUOTA_QUEUES", "0", "each tenant's queues (0: no limit)"),
+        ("QUEEN_QUOTA_KV_READS_PER_SECOND", "0", "each tenant's KV reads per second (0: no limit)"),
+        ("QUEEN_QUOTA_KV_WRITES_PER_SECOND", "0", "each tenant's KV writes per second (0: no limit)"),
+        ("QUEEN_QUOTA_EPHEMERAL_MESSAGES_PER_SECOND", "0", "each tenant's ephemeral messages pushed per second (0: no limit)"),
+        ("QUEEN_QUOTA_EPHEMERAL_BYTES", "0", "each tenant's ephemeral memory on one broker (0: no limit)"),
+        ("QUEEN_QUOTA_SAMPLE_MS", "5000", "how often a broker reloads quotas, samples stored bytes and queue counts, and counts the live brokers sharing a rate"),
     ];
 
     /// The variable table as Markdown, as docs/CONFIGURATION.md holds it:
@@ -922,7 +981,7 @@ mod tests {
 
     #[test]
     fn tenancy_needs_a_trusted_proxy_and_its_claim_needs_jwt() {
-        assert_eq!(parse(&[]).unwrap().tenancy, TenancyConfig { header: false });
+        assert_eq!(parse(&[]).unwrap().tenancy, TenancyConfig::default());
         let e = parse(&[("QUEEN_TENANCY_HEADER", "true")]).unwrap_err();
         assert_eq!(e.var, "QUEEN_TENANCY_HEADER");
         assert!(e.to_string().contains("QUEEN_TRUSTED_PROXY=true"), "{e}");

@@ -51,6 +51,10 @@ pub enum TxnError {
     /// A rider touching what it may not (403): the locks' namespace.
     #[error("{0}")]
     Forbidden(String),
+    /// The tenant's quota refuses the bundle's pushes or kv rider (429 or
+    /// 403, `tenancy::quota`); nothing ran.
+    #[error("quota")]
+    Quota(crate::tenancy::quota::Refused),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -162,6 +166,8 @@ pub struct Bundle<'a, 'b> {
     /// another tenant's partition answers as one of an unknown partition.
     pub tenant: Tenant,
     pub owners: Option<&'a Owners>,
+    /// The tenants' quotas, which the bundle's pushes and kv rider pass.
+    pub quotas: Option<&'a crate::tenancy::quota::Quotas>,
 }
 
 /// Runs one bundle. `Ok` carries the 200 answer (successful or rolled back).
@@ -173,7 +179,7 @@ pub async fn run(
     coalescer: &crate::push::Coalescer,
     bundle: Bundle<'_, '_>,
 ) -> Result<Committed, TxnError> {
-    let Bundle { body, binary_pushes, counts_only, producer, riders, tenant, owners } = bundle;
+    let Bundle { body, binary_pushes, counts_only, producer, riders, tenant, owners, quotas } = bundle;
     let parsed: Body<'_> =
         serde_json::from_str(body).map_err(|e| TxnError::BadRequest(format!("bad body: {e}")))?;
     let ops = match parsed.operations {
@@ -216,6 +222,12 @@ pub async fn run(
         if let Op::Push(items) = op {
             tenant.own(items);
         }
+    }
+    if let Some(quotas) = quotas {
+        let pushes: Vec<PushItem<'_>> = ops.iter().filter_map(|o| if let Op::Push(items) = o { Some(items.iter().cloned()) } else { None }).flatten().collect();
+        quotas.push_items(tenant, &pushes).map_err(TxnError::Quota)?;
+        let reads = kv_ops.iter().filter(|op| !op.is_write()).count() as u64;
+        quotas.kv(tenant, reads, kv_ops.len() as u64 - reads).map_err(TxnError::Quota)?;
     }
     if let Some(owners) = owners {
         let ids: Vec<i64> = ops.iter().filter_map(|o| if let Op::Ack(a, _) = o { a.partition_id.parse().ok() } else { None }).collect();

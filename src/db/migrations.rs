@@ -75,6 +75,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(39, "0039_queue_tenants.sql"),
     migration!(40, "0040_lock_namespaces.sql"),
     migration!(41, "0041_tenant_discovery.sql"),
+    migration!(42, "0042_tenant_quotas.sql"),
 ];
 
 /// The first migration of the development history squashed into the

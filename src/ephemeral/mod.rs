@@ -105,6 +105,18 @@ impl Ephemeral {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// The bytes held by the queues whose stored names `of` picks (a
+    /// tenant's: `tenancy::quota`).
+    pub fn held_by(&self, of: impl Fn(&str) -> bool) -> u64 {
+        let queues: Vec<Arc<Queue>> = self.queues.read().expect("ephemeral map").iter().filter(|(k, _)| of(k)).map(|(_, q)| q.clone()).collect();
+        queues.iter().map(|q| q.state.lock().expect("ephemeral queue").bytes).sum()
+    }
+
+    /// The stored names `of` picks.
+    pub fn names_of(&self, of: impl Fn(&str) -> bool) -> Vec<String> {
+        self.queues.read().expect("ephemeral map").keys().filter(|k| of(k)).cloned().collect()
+    }
+
     fn get(&self, name: &str) -> Option<Arc<Queue>> {
         self.queues.read().expect("ephemeral map").get(name).cloned()
     }

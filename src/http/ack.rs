@@ -453,7 +453,7 @@ pub async fn transaction(
     };
     let riders = crate::ack::transaction::Riders { kv: state.kv_enabled().then_some(&state.config.kv.limits), timers: state.timers_enabled() };
     let bundle = crate::ack::transaction::Bundle { body: text, binary_pushes: pushes, counts_only, producer: producer.as_deref(), riders,
-        tenant, owners: crate::tenancy::enabled(&state.config).then_some(&*state.owners) };
+        tenant, owners: crate::tenancy::enabled(&state.config).then_some(&*state.owners), quotas: Some(&state.quotas) };
     match run(&state.pool, &state.ack, &state.coalescer, bundle).await {
         Ok(done) => {
             for (queue, pid, partition, n) in &done.pushed {
@@ -465,6 +465,7 @@ pub async fn transaction(
         Err(TxnError::BadRequest(e)) => Ok(refused(StatusCode::BAD_REQUEST, e)),
         Err(e @ (TxnError::RidersDisabled(_) | TxnError::Forbidden(_))) => Ok(refused(StatusCode::FORBIDDEN, e.to_string())),
         Err(TxnError::NoKey(k)) => Err(ApiError::NoKey(k.to_string())),
+        Err(TxnError::Quota(r)) => Err(r.into()),
         Err(TxnError::Db(e)) => Err(e.into()),
     }
 }

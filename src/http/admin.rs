@@ -37,6 +37,7 @@ pub async fn configure(State(state): State<AppState>, tenant: Tenant, headers: H
         }
     };
     req.queue = tenant.stored(&req.queue);
+    state.quotas.push(tenant, &[&req.queue], 0, 0)?;
     let mut answer = state.configure(&req).await?;
     show(&mut answer, "queue");
     Ok(Json(answer).into_response())

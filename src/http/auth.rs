@@ -43,6 +43,9 @@ pub struct Principal {
     /// The value of the token's tenant claim (`QUEEN_TENANT_CLAIM`), as
     /// text; None without the setting or the claim.
     pub tenant: Option<String>,
+    /// The token's admin-across-tenants claim is true
+    /// (`QUEEN_TENANCY_ADMIN_CLAIM`; `tenancy::admin_all` reads it).
+    pub admin_all: bool,
     /// The levels granted, indexed by `Level as usize`.
     granted: [bool; 5],
 }
@@ -91,6 +94,10 @@ pub fn level(method: &Method, path: &str) -> Level {
         // Ephemeral queues lose their messages as a durable queue does.
         || (post && path == "/api/v1/ephemeral/reset")
         || (delete && path.starts_with("/api/v1/ephemeral/queue/"))
+        // The tenants: quotas set, the listing, the purge.
+        || (post && path == "/api/v1/resources/quota")
+        || (get && path == "/api/v1/resources/tenants")
+        || (delete && path == "/api/v1/resources/tenant")
     {
         return Level::Admin;
     }
@@ -197,7 +204,12 @@ fn principal_of(claims: &Value, cfg: &AuthConfig) -> Result<Principal, String> {
         return Err(format!("Invalid token: sub is longer than {MAX_SUB_BYTES} bytes"));
     }
     let tenant = cfg.tenant_claim.as_ref().and_then(|c| claims.get(c)).map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
-    Ok(Principal { sub, tenant, granted })
+    let admin_all = cfg
+        .admin_all_claim
+        .as_ref()
+        .and_then(|c| claims.get(c))
+        .is_some_and(|v| v.as_bool() == Some(true) || v.as_str().and_then(crate::config::parse_bool) == Some(true));
+    Ok(Principal { sub, tenant, admin_all, granted })
 }
 
 /// The caller a token names, as `GET /auth/me` shows it: the principal,

@@ -129,6 +129,11 @@ async fn push_inner(state: &AppState, tenant: Tenant, headers: &HeaderMap, body:
     if payloads.is_empty() {
         return Ok(Json(json!({"pushed": 0})).into_response());
     }
+    let bytes = payloads.iter().map(|p| p.get().len() as u64).sum();
+    state
+        .quotas
+        .ephemeral(tenant, payloads.len() as u64, bytes, || state.ephemeral.held_by(|name| tenant.owns(name)))
+        .map_err(IntoResponse::into_response)?;
     Ok(match state.ephemeral.push(&tenant.stored(&queue), &partition, payloads) {
         Ok(n) => Json(json!({"pushed": n, "queue": queue, "partition": partition})).into_response(),
         Err(Refusal::Full { detail }) => refuse(StatusCode::TOO_MANY_REQUESTS, "ephemeral_queue_full", &detail),

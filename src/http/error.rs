@@ -41,6 +41,16 @@ pub enum ApiError {
     /// the partition.
     #[error("decrypt failed")]
     Decrypt { partition_id: i64, detail: String },
+    /// A tenant's quota refuses the request (`tenancy::quota`): 429
+    /// `rate_limited` with `Retry-After`, or 403 `quota_exceeded`.
+    #[error("quota")]
+    Quota(crate::tenancy::quota::Refused),
+}
+
+impl From<crate::tenancy::quota::Refused> for ApiError {
+    fn from(r: crate::tenancy::quota::Refused) -> Self {
+        ApiError::Quota(r)
+    }
 }
 
 impl ApiError {
@@ -53,6 +63,8 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unavailable(_) | ApiError::NoKey(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Pool | ApiError::Internal(_) | ApiError::Decrypt { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Quota(crate::tenancy::quota::Refused::Rate { .. }) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Quota(_) => StatusCode::FORBIDDEN,
         }
     }
 }
@@ -103,6 +115,9 @@ impl From<crate::pop::PopError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let ApiError::Quota(refused) = self {
+            return refused.into_response();
+        }
         if let ApiError::Unavailable(_) = &self {
             // Every request fails alike during an outage: one line per 5 s.
             static OUTAGE: crate::telemetry::Throttle = crate::telemetry::Throttle::new(5_000);

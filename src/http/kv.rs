@@ -16,9 +16,11 @@ use crate::tenancy::Tenant;
 
 /// The parsed operations moved to `tenant`'s namespaces, once the
 /// reserved-namespace rule has read the names as the client gave them.
-fn parsed(state: &AppState, tenant: Tenant, operations: &Value) -> Result<Vec<Op>, KvError> {
-    let mut ops = kv::parse(operations, "operations", &state.config.kv.limits)?;
-    kv::refuse_reserved(&ops, "operations")?;
+fn parsed(state: &AppState, tenant: Tenant, operations: &Value) -> Result<Vec<Op>, Response> {
+    let mut ops = kv::parse(operations, "operations", &state.config.kv.limits).map_err(refused)?;
+    kv::refuse_reserved(&ops, "operations").map_err(refused)?;
+    let reads = ops.iter().filter(|op| !op.is_write()).count() as u64;
+    state.quotas.kv(tenant, reads, ops.len() as u64 - reads).map_err(IntoResponse::into_response)?;
     if !tenant.is_default() {
         ops.iter_mut().for_each(|op| op.own(tenant));
     }
@@ -93,13 +95,13 @@ pub async fn batch(State(state): State<AppState>, tenant: Tenant, headers: Heade
     let operations = if v.is_array() { &v } else { v.get("operations").unwrap_or(&Value::Null) };
     match parsed(&state, tenant, operations) {
         Ok(ops) => call(&state, &ops).await,
-        Err(e) => refused(e),
+        Err(r) => r,
     }
 }
 
 /// The one result of a single-operation call, or its failure.
 async fn single(state: &AppState, tenant: Tenant, op: Value) -> Result<Value, Response> {
-    let ops = parsed(state, tenant, &json!([op])).map_err(refused)?;
+    let ops = parsed(state, tenant, &json!([op]))?;
     let mut outcome = state.kv.call(&ops).await.map_err(unavailable)?;
     // A per-key route answers its one row; a batch position means nothing there.
     let mut result = outcome.results.remove(0);

@@ -31,6 +31,11 @@ pub async fn locks(
             return envelope(status, "locks_bad_request", e.reason, &e.detail);
         }
     };
+    // A permit is a KV row: a get reads one, the others write one.
+    let reads = ops.iter().filter(|op| matches!(op, crate::locks::LockOp::Get { .. })).count() as u64;
+    if let Err(r) = state.quotas.kv(tenant, reads, ops.len() as u64 - reads) {
+        return r.into_response();
+    }
     match crate::locks::run(&state.pool, tenant, &ops, principal.as_ref().and_then(|p| p.sub.as_deref())).await {
         Ok(results) => Json(json!({"results": results})).into_response(),
         Err(e) => unavailable(e),

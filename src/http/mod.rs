@@ -24,6 +24,7 @@ pub mod reads;
 pub mod server;
 pub mod streams;
 pub mod system;
+pub mod tenants;
 pub mod timers;
 
 use std::sync::Arc;
@@ -68,6 +69,8 @@ pub struct AppState {
     pub cluster: Arc<crate::cluster::Cluster>,
     /// Which tenant each partition id belongs to, as far as looked up.
     pub owners: Arc<crate::tenancy::Owners>,
+    /// The tenants' quotas and this broker's buckets.
+    pub quotas: Arc<crate::tenancy::quota::Quotas>,
 }
 
 impl AppState {
@@ -224,6 +227,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/resources/queues/{queue}/depth", get(admin::queue_depth))
         .route("/api/v1/resources/overview", get(admin::overview))
         .route("/api/v1/resources/namespaces", get(admin::namespaces))
+        .route("/api/v1/resources/quota", get(tenants::get_quota).post(tenants::set_quota))
+        .route("/api/v1/resources/tenants", get(tenants::list))
+        .route("/api/v1/resources/tenant", axum::routing::delete(tenants::purge))
         .route("/api/v1/resources/tasks", get(admin::tasks))
         .route("/api/v1/consumer-groups", get(admin::list_groups))
         .route("/api/v1/consumer-groups/lagging", get(admin::lagging))

@@ -73,11 +73,13 @@ pub async fn push(
             .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let mut items = push::validate::from_binary(&parsed.items).map_err(ApiError::BadRequest)?;
         tenant.own(&mut items);
+        state.quotas.push_items(tenant, &items)?;
         return push_and_answer(&state, &items, &parsed.groups, parsed.counts_only, producer.as_deref()).await;
     }
     let text = utf8(&bytes)?;
     let mut items = push::parse_push_body(text).map_err(ApiError::BadRequest)?;
     tenant.own(&mut items);
+    state.quotas.push_items(tenant, &items)?;
     push_and_answer(&state, &items, &[], false, producer.as_deref()).await
 }
 

@@ -125,6 +125,7 @@ pub async fn cycle(State(state): State<AppState>, tenant: Tenant, headers: Heade
         })
         .collect();
     tenant.own(&mut push_items);
+    state.quotas.push_items(tenant, &push_items)?;
     let cycle = streams::Cycle {
         query: c.query,
         partition_id: c.partition_id,

@@ -36,6 +36,8 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::config::Config;
+
+pub mod quota;
 use crate::http::auth::Principal;
 
 /// The tenant of a request that names none (upstream's `DEFAULT_TENANT`).
@@ -216,6 +218,9 @@ pub fn isolated(method: &Method, path: &str) -> bool {
         || (method == Method::POST && matches!(path, "/api/v1/fetch" | "/api/v1/partitions/changed" | "/api/v1/stats/refresh"))
         || (get && matches!(path, "/api/v1/resources/overview" | "/api/v1/resources/namespaces" | "/api/v1/resources/tasks"))
         || (method == Method::POST && path.starts_with("/api/v1/consumer-groups/") && path.ends_with("/subscription"))
+        // The tenants' routes: they act on the caller's tenant, or on another
+        // for an admin across tenants (`http::tenants`).
+        || matches!(path, "/api/v1/resources/quota" | "/api/v1/resources/tenants" | "/api/v1/resources/tenant")
         // Streams: queries by the tenant's stored names, their ids checked.
         || (method == Method::POST && path.starts_with("/streams/v1/"))
         // Ephemeral queues, kept in memory by their stored names.
@@ -229,9 +234,29 @@ fn refuse(status: StatusCode, error: &str, code: &str) -> Response {
     (status, Json(json!({ "error": error, "code": code }))).into_response()
 }
 
+/// Whether a reserved tenant (no route acts on it).
+pub fn reserved(t: Tenant) -> bool {
+    RESERVED.contains(&t.0)
+}
+
+/// Whether the caller acts across tenants (lists them, sets quotas, purges
+/// another, picks one in the dashboard): with tenancy off, any caller the
+/// route's level admits (there is one tenant); with it on, an admin
+/// (without JWT: any caller) under `QUEEN_TENANCY_ADMIN_ALL`, or an admin
+/// whose token's `QUEEN_TENANCY_ADMIN_CLAIM` is true.
+pub fn admin_all(cfg: &Config, principal: Option<&Principal>) -> bool {
+    if !enabled(cfg) {
+        return true;
+    }
+    match principal {
+        None => cfg.tenancy.admin_all && !cfg.auth.enabled,
+        Some(p) => p.may(crate::http::auth::Level::Admin) && (cfg.tenancy.admin_all || p.admin_all),
+    }
+}
+
 /// A UUID as upstream reads one: 8-4-4-4-12 hex digits, any case, spaces
 /// around ignored.
-fn parse(text: &str) -> Option<Uuid> {
+pub fn parse(text: &str) -> Option<Uuid> {
     let t = text.trim();
     (t.len() == 36 && t.as_bytes().iter().enumerate().all(|(i, b)| if [8, 13, 18, 23].contains(&i) { *b == b'-' } else { b.is_ascii_hexdigit() }))
         .then(|| Uuid::parse_str(t).ok())
