@@ -149,19 +149,19 @@ impl Telemetry {
 
     pub fn pushed(&self, queue: &str, n: u64) {
         self.pushed.fetch_add(n, Ordering::Relaxed);
-        metrics::counter!(PUSHED, "queue" => queue.to_string()).increment(n);
+        metrics::counter!(PUSHED, crate::tenancy::queue_labels(queue)).increment(n);
         self.count(queue, 0, n);
     }
 
     pub fn popped(&self, queue: &str, n: u64) {
         self.popped.fetch_add(n, Ordering::Relaxed);
-        metrics::counter!(POPPED, "queue" => queue.to_string()).increment(n);
+        metrics::counter!(POPPED, crate::tenancy::queue_labels(queue)).increment(n);
         self.count(queue, 1, n);
     }
 
     pub fn acked(&self, queue: &str, n: u64) {
         self.acked.fetch_add(n, Ordering::Relaxed);
-        metrics::counter!(ACKED, "queue" => queue.to_string()).increment(n);
+        metrics::counter!(ACKED, crate::tenancy::queue_labels(queue)).increment(n);
         self.count(queue, 2, n);
     }
 

@@ -162,6 +162,11 @@ async fn push_pop_ack_and_the_queue_listing_are_per_tenant() {
     }
     // The same transactionId in another tenant is its own message, not a duplicate.
     assert_eq!(queues(&b).await, 3);
+    // Prometheus: another tenant's series carry its tenant and the name it gave.
+    let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
+    assert!(text.contains(&format!("queen_push_messages_total{{queue=\"orders\",tenant=\"{OTHER}\"}} 3")), "{text}");
+    assert!(text.contains("queen_push_messages_total{queue=\"orders\"} 2"), "the default tenant's as before");
+    assert!(!text.contains('\u{1}'), "no stored name shows");
     let mut leases = Vec::new();
     for (tenant, n) in [(DEFAULT, 2), (OTHER, 3), (third, 1)] {
         let (status, body) = call("GET", "/api/v1/pop/queue/orders?batch=10&consumerGroup=g".into(), tenant, None).await;

@@ -185,10 +185,13 @@ impl Ephemeral {
         let footprint = q.state.lock().expect("ephemeral queue").footprint();
         self.free(footprint);
         for reason in ["full", "ttl", "retries"] {
-            metrics::counter!("queen_ephemeral_dropped_total", "queue" => name.to_string(), "reason" => reason).absolute(0);
+            let mut labels = crate::tenancy::queue_labels(name);
+            labels.push(metrics::Label::new("reason", reason));
+            metrics::counter!("queen_ephemeral_dropped_total", labels.clone()).absolute(0);
         }
-        metrics::gauge!("queen_ephemeral_depth", "queue" => name.to_string()).set(0.0);
-        metrics::gauge!("queen_ephemeral_bytes", "queue" => name.to_string()).set(0.0);
+        let labels = crate::tenancy::queue_labels(name);
+        metrics::gauge!("queen_ephemeral_depth", labels.clone()).set(0.0);
+        metrics::gauge!("queen_ephemeral_bytes", labels.clone()).set(0.0);
         q.wake.notify_waiters();
         true
     }
@@ -373,12 +376,18 @@ impl Ephemeral {
                 idle.push(name.clone());
             }
             let c = s.counters;
-            metrics::gauge!("queen_ephemeral_depth", "queue" => name.clone()).set(s.length as f64);
-            metrics::gauge!("queen_ephemeral_bytes", "queue" => name.clone()).set(s.bytes as f64);
-            metrics::counter!("queen_ephemeral_dropped_total", "queue" => name.clone(), "reason" => "full").absolute(c.dropped_full);
-            metrics::counter!("queen_ephemeral_dropped_total", "queue" => name.clone(), "reason" => "ttl").absolute(c.dropped_ttl);
-            metrics::counter!("queen_ephemeral_dropped_total", "queue" => name.clone(), "reason" => "retries").absolute(c.dropped_retries);
-            metrics::counter!("queen_ephemeral_refused_total", "queue" => name.clone()).absolute(c.refused);
+            let labels = crate::tenancy::queue_labels(&name);
+            let with_reason = |reason: &'static str| {
+                let mut l = labels.clone();
+                l.push(metrics::Label::new("reason", reason));
+                l
+            };
+            metrics::gauge!("queen_ephemeral_depth", labels.clone()).set(s.length as f64);
+            metrics::gauge!("queen_ephemeral_bytes", labels.clone()).set(s.bytes as f64);
+            metrics::counter!("queen_ephemeral_dropped_total", with_reason("full")).absolute(c.dropped_full);
+            metrics::counter!("queen_ephemeral_dropped_total", with_reason("ttl")).absolute(c.dropped_ttl);
+            metrics::counter!("queen_ephemeral_dropped_total", with_reason("retries")).absolute(c.dropped_retries);
+            metrics::counter!("queen_ephemeral_refused_total", labels.clone()).absolute(c.refused);
         }
         if !idle.is_empty() {
             let mut map = self.queues.write().expect("ephemeral map");

@@ -31,8 +31,11 @@ fn role_name(p: &auth::Principal) -> &'static str {
 }
 
 /// The answer's fields, upstream's names first (`user_id`, `role`,
-/// `clusters`, `standalone`, …), then ours (`subject`, `roles`, `tenant`).
-fn identity(state: &AppState, tenant: Tenant, subject: Option<&str>, email: Option<&str>, role: &str, roles: Vec<String>) -> Value {
+/// `clusters`, `standalone`, …), then ours (`subject`, `roles`, `tenant`,
+/// whether tenancy is on and whether the caller acts across tenants: the
+/// dashboard offers its tenant selector then).
+fn identity(state: &AppState, tenant: Tenant, principal: Option<&auth::Principal>, email: Option<&str>, role: &str, roles: Vec<String>) -> Value {
+    let subject = principal.and_then(|p| p.sub.as_deref());
     let standalone = !state.config.auth.enabled;
     json!({
         "user_id": subject.unwrap_or("standalone"),
@@ -51,6 +54,8 @@ fn identity(state: &AppState, tenant: Tenant, subject: Option<&str>, email: Opti
         "subject": subject,
         "roles": roles,
         "tenant": tenant.to_string(),
+        "tenancy": tenancy::enabled(&state.config),
+        "adminAllTenants": tenancy::enabled(&state.config) && tenancy::admin_all(&state.config, principal),
     })
 }
 
@@ -78,7 +83,7 @@ pub async fn me(State(state): State<AppState>, headers: HeaderMap) -> Response {
     }
     match auth::identity(token, cfg) {
         Ok((principal, roles, email)) => match tenancy::resolve(&state.config, true, &headers, Some(&principal)) {
-            Ok(tenant) => Json(identity(&state, tenant, principal.sub.as_deref(), email.as_deref(), role_name(&principal), roles)).into_response(),
+            Ok(tenant) => Json(identity(&state, tenant, Some(&principal), email.as_deref(), role_name(&principal), roles)).into_response(),
             Err(refused) => refused,
         },
         Err(reason) => auth_required(Some(reason)),

@@ -15,7 +15,8 @@
 //! The listener serves the default tenant (`tenancy`): its Metadata, group
 //! listing and offset reads see only that tenant's queues, and a topic
 //! name (letters, digits, `.`, `_`, `-`) can never spell another tenant's
-//! stored name. SASL users mapped to tenants are to come (issue 49).
+//! stored name. With tenants named by a token claim (`QUEEN_TENANT_CLAIM`),
+//! a SASL token of another tenant fails authentication.
 //!
 //! One task per connection reads a frame, answers it, and reads the next:
 //! Kafka clients pipeline requests and expect the answers in order, so a
@@ -218,6 +219,14 @@ pub fn coordination_key(group: &str) -> String {
 fn authenticate(kafka: &Kafka, session: &mut sasl::Session, token: &[u8]) -> Result<(), String> {
     let password = sasl::plain_password(token)?;
     let principal = crate::http::auth::principal(password, &kafka.state.config.auth)?;
+    // The listener serves the default tenant's queues: a token naming
+    // another tenant is refused here, never served the default's data.
+    if kafka.state.config.auth.tenant_claim.is_some() {
+        let tenant = principal.tenant.as_deref().and_then(crate::tenancy::parse);
+        if tenant.is_none_or(|t| !crate::tenancy::Tenant(t).is_default()) {
+            return Err("this token's tenant is not served by the Kafka listener (it serves the default tenant only)".into());
+        }
+    }
     session.principal = Some(principal);
     Ok(())
 }

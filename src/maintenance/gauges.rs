@@ -119,17 +119,20 @@ pub async fn tick(pool: &Pool, spool: Option<&Arc<Spool>>, walk: &Mutex<Walk>, w
     for r in &names {
         let (id, queue): (i64, String) = (r.get(0), r.get(1));
         let [partitions, messages, pending] = done.queues.get(&id).copied().unwrap_or_default();
-        metrics::gauge!(QUEUE_PARTITIONS, "queue" => queue.clone()).set(partitions);
-        metrics::gauge!(QUEUE_MESSAGES, "queue" => queue.clone()).set(messages);
-        metrics::gauge!(QUEUE_PENDING, "queue" => queue.clone()).set(pending);
-        metrics::gauge!(QUEUE_DEAD_LETTERS, "queue" => queue.clone()).set(r.get::<_, f64>(2));
+        let labels = crate::tenancy::queue_labels(&queue);
+        metrics::gauge!(QUEUE_PARTITIONS, labels.clone()).set(partitions);
+        metrics::gauge!(QUEUE_MESSAGES, labels.clone()).set(messages);
+        metrics::gauge!(QUEUE_PENDING, labels.clone()).set(pending);
+        metrics::gauge!(QUEUE_DEAD_LETTERS, labels.clone()).set(r.get::<_, f64>(2));
         named.insert(id, queue);
     }
     for ((id, group), (messages, seconds)) in done.groups {
         // A queue deleted during the walk is not named: its series go.
         let Some(queue) = named.get(&id) else { continue };
-        metrics::gauge!(GROUP_LAG_MESSAGES, "queue" => queue.clone(), "group" => group.clone()).set(messages);
-        metrics::gauge!(GROUP_LAG_SECONDS, "queue" => queue.clone(), "group" => group).set(seconds);
+        let mut labels = crate::tenancy::queue_labels(queue);
+        labels.push(metrics::Label::new("group", group));
+        metrics::gauge!(GROUP_LAG_MESSAGES, labels.clone()).set(messages);
+        metrics::gauge!(GROUP_LAG_SECONDS, labels.clone()).set(seconds);
     }
     Ok(false)
 }

@@ -161,6 +161,19 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Tenant {
     }
 }
 
+/// The Prometheus labels of a stored queue name: the name as its tenant
+/// knows it, and for a tenant other than the default its `tenant` (as
+/// upstream's series carry it; the default tenant's carry none, so a broker
+/// without tenancy exports what it always did).
+pub fn queue_labels(stored: &str) -> Vec<metrics::Label> {
+    let name = shown(stored);
+    if name.len() == stored.len() {
+        vec![metrics::Label::new("queue", stored.to_string())]
+    } else {
+        vec![metrics::Label::new("queue", name.to_string()), metrics::Label::new("tenant", stored[1..37].to_string())]
+    }
+}
+
 impl std::fmt::Display for Tenant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.hyphenated().fmt(f)
@@ -272,7 +285,10 @@ pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option
     if !cfg.tenancy.header && !claim_mode {
         return Ok(Tenant::default());
     }
-    let from_header = match (cfg.tenancy.header, headers.get(HEADER)) {
+    // An admin across tenants names the tenant it acts in (the dashboard's
+    // selector) in the header, whichever source names the others'.
+    let acting = principal.is_some_and(|p| admin_all(cfg, Some(p)));
+    let from_header = match (cfg.tenancy.header || acting, headers.get(HEADER)) {
         (true, Some(v)) if !v.as_bytes().iter().all(u8::is_ascii_whitespace) => match v.to_str().ok().and_then(parse) {
             Some(t) => Some(Tenant(t)),
             None => return Err(refuse(StatusCode::BAD_REQUEST, "x-queen-tenant: must be a UUID (8-4-4-4-12 hex digits)", "bad_request")),
@@ -290,6 +306,7 @@ pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option
         _ => None,
     };
     let tenant = match (from_claim, from_header) {
+        (_, Some(h)) if acting => h,
         (Some(c), Some(h)) if c != h => {
             return Err(refuse(StatusCode::FORBIDDEN, "x-queen-tenant disagrees with the token's tenant claim", "tenant_mismatch"));
         }

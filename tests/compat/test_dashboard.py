@@ -231,3 +231,32 @@ def test_when_the_broker_stops_answering_the_page_keeps_its_numbers_and_says_the
         shot(driver, "stale")
     finally:
         driver.quit()
+
+
+OTHER_TENANT = "6f1c2a34-0000-4000-8000-00000000abcd"
+
+
+@pytest.mark.broker_env({"QUEEN_TENANCY_HEADER": "true", "QUEEN_TRUSTED_PROXY": "true", "QUEEN_TENANCY_ADMIN_ALL": "true"})
+def test_an_admin_across_tenants_picks_the_tenant_the_page_shows(broker):
+    """Tenancy on (issue 49): the page shows one tenant's queues, says
+    whose, and an admin across tenants switches tenant in the selector."""
+    for tenant, queue in [(None, "ours-only"), (OTHER_TENANT, "theirs-only")]:
+        headers = {"x-queen-tenant": tenant} if tenant else {}
+        r = httpx.post(f"{broker.url}/api/v1/push", json={"items": [{"queue": queue, "payload": 1}]}, headers=headers)
+        assert r.status_code == 201, r.text
+    driver = browser()
+    try:
+        open_page(driver, broker.url, "queues")
+        wait_for(driver, lambda d: "ours-only" in text_of(d, "#view"), "the default tenant's queue")
+        assert "theirs-only" not in text_of(driver, "#view")
+        assert "tenant 00000000-0000-0000-0000-000000000001" in text_of(driver, "#whoami")
+        select = wait_for(driver, lambda d: d.find_element("id", "tenant") if d.find_element("id", "tenant").is_displayed() else None, "the tenant selector")
+        options = [o.get_attribute("value") for o in select.find_elements("tag name", "option")]
+        assert OTHER_TENANT in options, options
+        from selenium.webdriver.support.ui import Select
+        Select(select).select_by_value(OTHER_TENANT)
+        wait_for(driver, lambda d: "theirs-only" in text_of(d, "#view") and "ours-only" not in text_of(d, "#view"), "the other tenant's queues")
+        assert OTHER_TENANT in text_of(driver, "#whoami")
+        shot(driver, "tenant-selector")
+    finally:
+        driver.quit()

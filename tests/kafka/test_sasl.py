@@ -19,11 +19,11 @@ SECRET = "kafka-test-secret"
 JWT = {"JWT_ENABLED": "true", "JWT_ALGORITHM": "HS256", "JWT_SECRET": SECRET}
 
 
-def token(role, sub="svc"):
+def token(role, sub="svc", **claims):
     def b64(b):
         return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
     head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-    body = b64(json.dumps({"sub": sub, "role": role, "exp": int(time.time()) + 3600}).encode())
+    body = b64(json.dumps({"sub": sub, "role": role, "exp": int(time.time()) + 3600, **claims}).encode())
     sig = b64(hmac.new(SECRET.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest())
     return f"{head}.{body}.{sig}"
 
@@ -87,3 +87,18 @@ def test_a_bad_password_fails_authentication_and_nothing_is_served_before_it(bro
         s.sendall(struct.pack(">i", len(body)) + body)
         assert s.recv(100) == b""
     wait_for(lambda: any("Metadata before SASL authentication" in line for line in broker.logs), 10, "the refusal in the log")
+
+
+@pytest.mark.broker_env({**JWT, "QUEEN_TENANT_CLAIM": "tid"})
+def test_with_tenants_in_tokens_only_the_default_tenant_is_served(broker):
+    """The listener serves the default tenant's queues (issue 49): a token
+    naming another tenant fails authentication instead of reaching them."""
+    default = token("read-write", tid="00000000-0000-0000-0000-000000000001")
+    other = token("read-write", tid="6f1c2a34-0000-4000-8000-00000000abcd")
+    assert deliver(sasl(broker, default), "tenanted") == [None, None, None]
+    errors = []
+    p = Producer({**sasl(broker, other), "error_cb": lambda e: errors.append(e.code()), "message.timeout.ms": 5000})
+    p.produce("tenanted", value=b"x", partition=0)
+    p.flush(10)
+    assert KafkaError._AUTHENTICATION in errors
+    wait_for(lambda: any("not served by the Kafka listener" in line for line in broker.logs), 10, "the refusal in the log")

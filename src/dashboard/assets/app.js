@@ -54,6 +54,19 @@ function token() {
   return sessionStorage.getItem("queen-token");
 }
 
+// The tenant an admin across tenants picked in the selector (sent as
+// x-queen-tenant on every call); none: the caller's own.
+function pickedTenant() {
+  return sessionStorage.getItem("queen-tenant");
+}
+
+function headersFor(extra) {
+  const h = Object.assign({}, extra);
+  if (token()) h.authorization = "Bearer " + token();
+  if (pickedTenant()) h["x-queen-tenant"] = pickedTenant();
+  return h;
+}
+
 // Who the token names, as the broker reads it (GET /auth/me: the role
 // claims' names are the broker's configuration, so the page does not
 // decode the token itself), shown in the header; the role hides the
@@ -61,18 +74,39 @@ function token() {
 async function applyRole() {
   let me = null;
   try {
-    const r = await fetch("/auth/me", { headers: token() ? { authorization: "Bearer " + token() } : {} });
+    const r = await fetch("/auth/me", { headers: headersFor({}) });
     if (r.ok) me = await r.json();
   } catch (e) { me = null; }
   const role = me && me.role;
   document.body.classList.toggle("readonly", !!role && role !== "admin" && role !== "read-write");
   document.body.classList.toggle("notadmin", !!role && role !== "admin");
-  document.getElementById("whoami").textContent = me && !me.standalone ? `${me.subject || "(no subject)"} · ${me.role}` : "";
+  const who = me && !me.standalone ? [`${me.subject || "(no subject)"} · ${me.role}`] : [];
+  // With tenancy on the page shows one tenant's data: say whose.
+  if (me && me.tenancy) who.push(`tenant ${me.tenant}`);
+  document.getElementById("whoami").textContent = who.join(" · ");
+  await tenantSelector(me);
+}
+
+// An admin across tenants picks the tenant the page shows, among those
+// GET /api/v1/resources/tenants lists; anyone else sees their own only.
+async function tenantSelector(me) {
+  const select = document.getElementById("tenant");
+  if (!me || !me.adminAllTenants) {
+    select.classList.add("hidden");
+    return;
+  }
+  let listed = [];
+  try {
+    listed = (await get("/api/v1/resources/tenants")).tenants.map((t) => t.tenant);
+  } catch (e) { listed = []; }
+  const ids = [...new Set([me.tenant, ...listed])].sort();
+  select.replaceChildren(...ids.map((t) => el("option", { value: t }, t)));
+  select.value = me.tenant;
+  select.classList.remove("hidden");
 }
 
 async function api(method, path, body) {
-  const headers = { "content-type": "application/json" };
-  if (token()) headers.authorization = "Bearer " + token();
+  const headers = headersFor({ "content-type": "application/json" });
   const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   if (r.status === 401) {
     document.getElementById("signin").classList.remove("hidden");
@@ -436,6 +470,10 @@ document.getElementById("signin").addEventListener("click", () => {
     document.getElementById("signin").classList.add("hidden");
     applyRole().then(() => route());
   }
+});
+document.getElementById("tenant").addEventListener("change", (e) => {
+  sessionStorage.setItem("queen-tenant", e.target.value);
+  applyRole().then(() => route());
 });
 window.addEventListener("hashchange", () => route());
 applyRole().then(() => route());
