@@ -104,6 +104,12 @@ impl AckRegistry {
         }
     }
 
+    /// The queue (stored name) of the batch `lease` holds on `pid`, if known.
+    pub fn queue_of(&self, lease: &str, pid: i64) -> Option<Arc<str>> {
+        let inner = self.inner.lock().expect("registry lock poisoned");
+        inner.leases.get(lease).and_then(|parts| parts.get(&pid)).map(|b| Arc::clone(&b.queue))
+    }
+
     /// Every partition this broker knows `lease` covers.
     pub fn partitions_of(&self, lease: &str) -> Option<Vec<i64>> {
         let inner = self.inner.lock().expect("registry lock poisoned");

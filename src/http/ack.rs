@@ -285,7 +285,14 @@ async fn apply(state: &AppState, tenant: Tenant, items: &[AckItem]) -> Result<Ve
     if crate::tenancy::enabled(&state.config) {
         let ids: Vec<Option<i64>> = items.iter().map(|i| i.partition_id.parse().ok()).collect();
         let named: Vec<i64> = ids.iter().flatten().copied().collect();
-        let foreign = state.owners.foreign(&state.pool, tenant, &named).await.map_err(|e| ApiError::from_db(&e))?;
+        // A partition this broker leased out is known by its batch's queue.
+        let hint = |pid: i64| {
+            items.iter().zip(&ids).find(|(_, id)| **id == Some(pid)).and_then(|(item, _)| {
+                let queue = state.ack.registry.queue_of(item.lease_id.as_deref()?, pid)?;
+                Some(crate::tenancy::owner_of(&queue))
+            })
+        };
+        let foreign = state.owners.foreign_with(&state.pool, tenant, &named, hint).await.map_err(|e| ApiError::from_db(&e))?;
         if !foreign.is_empty() {
             for (item, id) in owned.to_mut().iter_mut().zip(&ids) {
                 if id.is_some_and(|id| foreign.contains(&id)) {

@@ -174,6 +174,14 @@ pub fn queue_labels(stored: &str) -> Vec<metrics::Label> {
     }
 }
 
+/// The tenant whose stored name `stored` is.
+pub fn owner_of(stored: &str) -> Uuid {
+    match stored.strip_prefix(MARK) {
+        Some(rest) if rest.len() > 37 && rest.as_bytes()[36] == MARK as u8 => Uuid::parse_str(&rest[..36]).unwrap_or(Tenant::default().0),
+        _ => Tenant::default().0,
+    }
+}
+
 impl std::fmt::Display for Tenant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.hyphenated().fmt(f)
@@ -349,13 +357,36 @@ impl Owners {
     /// Which of `ids` belong to another tenant than `tenant` (an id no
     /// partition has is not among them: it is unknown to every tenant).
     pub async fn foreign(&self, pool: &deadpool_postgres::Pool, tenant: Tenant, ids: &[i64]) -> Result<Vec<i64>, crate::db::DbError> {
+        self.foreign_with(pool, tenant, ids, |_| None).await
+    }
+
+    /// [`Owners::foreign`], asking `hint` first of an id not remembered
+    /// (the ack asks the registry of leased batches, which knows the queue
+    /// of each partition this broker delivered from: a leased drain then
+    /// looks up no partition in the database).
+    pub async fn foreign_with(
+        &self,
+        pool: &deadpool_postgres::Pool,
+        tenant: Tenant,
+        ids: &[i64],
+        hint: impl Fn(i64) -> Option<Uuid>,
+    ) -> Result<Vec<i64>, crate::db::DbError> {
         let mut foreign = Vec::new();
         let missing: Vec<i64> = {
-            let known = self.known.lock().expect("owners lock");
+            let mut known = self.known.lock().expect("owners lock");
             let mut missing = Vec::new();
             for &id in ids {
-                match known.get(&id) {
-                    Some(t) if *t != tenant.0 => foreign.push(id),
+                let owner = match known.get(&id) {
+                    Some(t) => Some(*t),
+                    None => hint(id).inspect(|t| {
+                        if known.len() >= OWNERS_KEPT {
+                            known.clear();
+                        }
+                        known.insert(id, *t);
+                    }),
+                };
+                match owner {
+                    Some(t) if t != tenant.0 => foreign.push(id),
                     Some(_) => {}
                     None => missing.push(id),
                 }
@@ -450,6 +481,8 @@ mod tests {
         assert_eq!(stored, "\u{1}00000000-0000-0000-0000-000000000abc\u{1}orders");
         assert_eq!(shown(&stored), "orders");
         assert_eq!(shown("orders"), "orders");
+        assert_eq!((owner_of(&stored), owner_of("orders")), (other.0, Tenant::default().0));
+        assert!(other.owns(&stored) && !third.owns(&stored) && !Tenant::default().owns(&stored) && Tenant::default().owns("orders"));
         assert_ne!(third.inner("orders"), stored, "the same name in two tenants is two queues");
         assert_eq!(shown("\u{1}short"), "\u{1}short", "not a prefix: shown as it is");
         // The default tenant spelling another tenant's stored name reaches nothing of it.
