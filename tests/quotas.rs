@@ -65,6 +65,14 @@ async fn push_rates_stored_bytes_and_queue_counts_refuse_with_their_codes_and_ta
     assert_eq!((status, &refused["code"], &refused["limit"]), (429, &json!("rate_limited"), &json!("pushMessagesPerSecond")), "{refused}");
     assert_eq!(retry.as_deref(), Some("1"));
     assert_eq!(stored(&b, OTHER).await, 10, "the refused push wrote nothing");
+    // Timers are messages to come: scheduled, they spend the same rate.
+    let payload = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode("1")
+    };
+    let timer = json!({"operations": [{"op": "schedule", "queue": "a", "timerKey": "t", "payload": payload, "delayMs": 60_000}]});
+    let (status, _, refused) = call(&b, "POST", "/api/v1/timers", OTHER, Some(timer)).await;
+    assert_eq!((status, &refused["limit"]), (429, &json!("pushMessagesPerSecond")), "{refused}");
     // Another tenant is not limited by it.
     assert_eq!(push(&b, DEFAULT, "a", 50, json!(1)).await.0, 201);
     tokio::time::sleep(Duration::from_millis(1100)).await;

@@ -225,7 +225,7 @@ pub async fn run(
     }
     if let Some(quotas) = quotas {
         let pushes: Vec<PushItem<'_>> = ops.iter().filter_map(|o| if let Op::Push(items) = o { Some(items.iter().cloned()) } else { None }).flatten().collect();
-        quotas.push_items(tenant, &pushes).map_err(TxnError::Quota)?;
+        quotas.push_and_schedule(tenant, &pushes, &timer_ops).map_err(TxnError::Quota)?;
         let reads = kv_ops.iter().filter(|op| !op.is_write()).count() as u64;
         quotas.kv(tenant, reads, kv_ops.len() as u64 - reads).map_err(TxnError::Quota)?;
     }

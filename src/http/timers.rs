@@ -36,6 +36,9 @@ pub async fn batch(State(state): State<AppState>, tenant: Tenant, principal: Opt
         Err(detail) => return bad(detail),
     };
     ops.iter_mut().for_each(|op| op.own(tenant));
+    if let Err(refused) = state.quotas.push_and_schedule(tenant, &[], &ops) {
+        return refused.into_response();
+    }
     // Scheduling is a producer's (write-only); cancelling destroys what
     // another scheduled, as DELETE /api/v1/timers/… does: read-write.
     if let Some(i) = ops.iter().position(|op| matches!(op, TimerOp::Cancel { .. })) {

@@ -328,17 +328,31 @@ impl Quotas {
 
     /// A push of `items` (stored names).
     pub fn push_items(&self, tenant: Tenant, items: &[crate::push::PushItem<'_>]) -> Result<(), Refused> {
-        if !self.active.load(Ordering::Relaxed) || items.is_empty() {
+        self.push_and_schedule(tenant, items, &[])
+    }
+
+    /// A push of `items` with timers scheduled by `timers` (each a message
+    /// to come: counted now, so timers are no way around the push rate),
+    /// admitted or refused together.
+    pub fn push_and_schedule(&self, tenant: Tenant, items: &[crate::push::PushItem<'_>], timers: &[crate::timers::TimerOp]) -> Result<(), Refused> {
+        if !self.active.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let scheduled = timers.iter().filter_map(|op| match op {
+            crate::timers::TimerOp::Schedule { queue, payload, .. } => Some((queue.as_str(), payload.len() as u64)),
+            crate::timers::TimerOp::Cancel { .. } => None,
+        });
+        let load: Vec<(&str, u64)> = items.iter().map(|i| (&*i.queue, i.payload.len() as u64)).chain(scheduled).collect();
+        if load.is_empty() {
             return Ok(());
         }
         let mut queues: Vec<&str> = Vec::new();
-        for item in items {
-            if queues.last() != Some(&&*item.queue) && !queues.contains(&&*item.queue) {
-                queues.push(&item.queue);
+        for (queue, _) in &load {
+            if queues.last() != Some(queue) && !queues.contains(queue) {
+                queues.push(queue);
             }
         }
-        let bytes = items.iter().map(|i| i.payload.len() as u64).sum();
-        self.push(tenant, &queues, items.len() as u64, bytes)
+        self.push(tenant, &queues, load.len() as u64, load.iter().map(|(_, b)| b).sum())
     }
 
     /// A KV call of `reads` reading and `writes` writing operations.
