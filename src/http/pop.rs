@@ -44,7 +44,7 @@ pub async fn pop_queue(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     check_name("queue", &queue)?;
-    serve(&state, Route::Wildcard { queue: tenant.stored(&queue) }, &query_pairs(q)?).await
+    serve(&state, Route::Wildcard { queue: tenant.into_stored(queue) }, &query_pairs(q)?).await
 }
 
 pub async fn pop_partition(
@@ -55,7 +55,7 @@ pub async fn pop_partition(
 ) -> Result<Response, ApiError> {
     check_name("queue", &queue)?;
     check_name("partition", &partition)?;
-    serve(&state, Route::Specific { queue: tenant.stored(&queue), partition }, &query_pairs(q)?).await
+    serve(&state, Route::Specific { queue: tenant.into_stored(queue), partition }, &query_pairs(q)?).await
 }
 
 pub async fn pop_discovery(State(state): State<AppState>, tenant: Tenant, RawQuery(q): RawQuery) -> Result<Response, ApiError> {

@@ -69,6 +69,15 @@ impl Tenant {
         self.inner(name).into_owned()
     }
 
+    /// [`Tenant::stored`] of a name the caller owns: unchanged, without a
+    /// copy, when it is stored as given (the default tenant's names).
+    pub fn into_stored(&self, name: String) -> String {
+        match self.inner(&name) {
+            std::borrow::Cow::Borrowed(_) => name,
+            std::borrow::Cow::Owned(stored) => stored,
+        }
+    }
+
     /// Whether the stored name `stored` is this tenant's.
     pub fn owns(&self, stored: &str) -> bool {
         match stored.strip_prefix(MARK) {

@@ -294,14 +294,7 @@ impl Quotas {
     /// queue names `queues`: admitted (its tokens taken, its new queues
     /// counted) or refused, taking nothing.
     pub fn push(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64) -> Result<(), Refused> {
-        if !self.active.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut inner = self.inner.lock().expect("quotas");
-        let eff = effective(&self.defaults, inner.rows.get(&tenant.0));
-        if !eff.enabled(Kind::Queues) {
-            return Err(Refused::Disabled { kind: Kind::Queues });
-        }
+        let Some((mut inner, eff)) = self.gate(tenant, Kind::Queues)? else { return Ok(()) };
         if let Some(quota) = eff.limits.stored_bytes {
             let usage = inner.usage.stored.get(&tenant.0).copied().unwrap_or(0);
             if usage >= quota {
@@ -324,6 +317,22 @@ impl Quotas {
             inner.usage.queues.entry(tenant.0).or_default().extend(new.into_iter().map(str::to_string));
         }
         Ok(())
+    }
+
+    /// The first steps of every check: nothing to check (no limit
+    /// anywhere: `None`), the kind switched off for the tenant, or the
+    /// state locked with the tenant's limits in force.
+    #[allow(clippy::type_complexity)]
+    fn gate(&self, tenant: Tenant, kind: Kind) -> Result<Option<(std::sync::MutexGuard<'_, Inner>, Effective)>, Refused> {
+        if !self.active.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let inner = self.inner.lock().expect("quotas");
+        let eff = effective(&self.defaults, inner.rows.get(&tenant.0));
+        if !eff.enabled(kind) {
+            return Err(Refused::Disabled { kind });
+        }
+        Ok(Some((inner, eff)))
     }
 
     /// A push of `items` (stored names).
@@ -357,14 +366,7 @@ impl Quotas {
 
     /// A KV call of `reads` reading and `writes` writing operations.
     pub fn kv(&self, tenant: Tenant, reads: u64, writes: u64) -> Result<(), Refused> {
-        if !self.active.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut inner = self.inner.lock().expect("quotas");
-        let eff = effective(&self.defaults, inner.rows.get(&tenant.0));
-        if !eff.enabled(Kind::Kv) {
-            return Err(Refused::Disabled { kind: Kind::Kv });
-        }
+        let Some((mut inner, eff)) = self.gate(tenant, Kind::Kv)? else { return Ok(()) };
         let brokers = inner.brokers;
         take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::KvReads, reads), (Limit::KvWrites, writes)])
     }
@@ -372,14 +374,7 @@ impl Quotas {
     /// An ephemeral push of `messages` messages holding `bytes`, the tenant
     /// holding `held()` bytes of this broker's memory already.
     pub fn ephemeral(&self, tenant: Tenant, messages: u64, bytes: u64, held: impl FnOnce() -> u64) -> Result<(), Refused> {
-        if !self.active.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let mut inner = self.inner.lock().expect("quotas");
-        let eff = effective(&self.defaults, inner.rows.get(&tenant.0));
-        if !eff.enabled(Kind::Ephemeral) {
-            return Err(Refused::Disabled { kind: Kind::Ephemeral });
-        }
+        let Some((mut inner, eff)) = self.gate(tenant, Kind::Ephemeral)? else { return Ok(()) };
         if let Some(quota) = eff.limits.ephemeral_bytes {
             let usage = held();
             if usage + bytes > quota {
