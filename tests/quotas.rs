@@ -238,13 +238,19 @@ async fn a_tenant_purge_removes_its_data_only() {
         assert_eq!(call(&b, "POST", "/api/v1/ephemeral/push", tenant, Some(json!({"queue": "live", "messages": [{"payload": 1}]}))).await.0, 200);
     }
     set(&b, OTHER, json!({"kind": "kv", "maxReadsPerSecond": 100})).await;
+    // A Kafka producer of each tenant (tests/kafka/test_sasl.py makes them through the listener).
+    b.sql()
+        .await
+        .execute("INSERT INTO queen.kafka_producers (producer_id, epoch, tenant_id) VALUES (1, 0, $1::text::uuid), (2, 0, $2::text::uuid)", &[&DEFAULT, &OTHER])
+        .await
+        .unwrap();
     let (status, _, e) = call(&b, "DELETE", "/api/v1/resources/tenant", DEFAULT, None).await;
     assert_eq!(status, 400, "{e}");
     let (status, _, purged) = call(&b, "DELETE", &format!("/api/v1/resources/tenant?tenant={OTHER}"), DEFAULT, None).await;
     assert_eq!(status, 200, "{purged}");
     assert_eq!((&purged["done"], &purged["queuesDeleted"], &purged["messagesDeleted"], &purged["kvKeysDeleted"], &purged["timersDeleted"],
-                &purged["traceNamesDeleted"], &purged["ephemeralQueuesDeleted"]),
-               (&json!(true), &json!(1), &json!(3), &json!(1), &json!(1), &json!(1), &json!(1)), "{purged}");
+                &purged["traceNamesDeleted"], &purged["ephemeralQueuesDeleted"], &purged["kafkaProducersDeleted"]),
+               (&json!(true), &json!(1), &json!(3), &json!(1), &json!(1), &json!(1), &json!(1), &json!(1)), "{purged}");
     let sql = b.sql().await;
     let count = |q: &'static str| {
         let sql = &sql;
@@ -255,6 +261,8 @@ async fn a_tenant_purge_removes_its_data_only() {
     assert_eq!(count("SELECT count(*) FROM queen.timers").await, 1);
     assert_eq!(count("SELECT count(*) FROM queen.traces").await, 1);
     assert_eq!(count("SELECT count(*) FROM queen.tenant_quotas").await, 0);
+    assert_eq!(count("SELECT count(*) FROM queen.kafka_producers WHERE producer_id = 1").await, 1, "the default tenant's producer stays");
+    assert_eq!(count("SELECT count(*) FROM queen.kafka_producers").await, 1);
     assert_eq!(stored(&b, DEFAULT).await, 3);
     let (_, _, listed) = call(&b, "GET", "/api/v1/resources/queues", OTHER, None).await;
     assert_eq!(listed["total"], 0);

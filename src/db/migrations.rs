@@ -76,6 +76,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(40, "0040_lock_namespaces.sql"),
     migration!(41, "0041_tenant_discovery.sql"),
     migration!(42, "0042_tenant_quotas.sql"),
+    migration!(43, "0043_kafka_producer_tenants.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -207,11 +208,12 @@ mod tests {
         // 0028_ack_handover.sql the plain ack without the handover,
         // 0030_reseed_window.sql the reseed of whole queues, 0038 the
         // producer expiry with one idleness, 0040 the locks of one namespace,
-        // 0041 the discovery across tenants).
+        // 0041 the discovery across tenants, 0043 the Kafka producers of
+        // no tenant).
         live.extend(
             ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1",
              "hotlist_seed_many_v1", "kafka_producers_expire_v1", "lock_acquire_v2", "lock_holders_v2",
-             "pop_discover_v1"]
+             "pop_discover_v1", "kafka_init_producer_v1", "kafka_init_transactional_v1", "kafka_produce_begin_v1"]
                 .map(String::from),
         );
         let mut i = 0;

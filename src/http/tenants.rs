@@ -230,8 +230,12 @@ pub async fn purge(
     let mut done = true;
     // Batched deletes of the rows keyed by the tenant's stored names, timers
     // first (they would push into the queues being removed).
-    let batched: [(&str, &str); 4] = [
+    let batched: [(&str, &str); 5] = [
         ("timersDeleted", "DELETE FROM queen.timers WHERE ctid IN (SELECT ctid FROM queen.timers WHERE starts_with(queue, $1) LIMIT $2)"),
+        // Its Kafka producers, with their windows and anything staged (the
+        // prefix holds the tenant's UUID between its marks).
+        ("kafkaProducersDeleted", "DELETE FROM queen.kafka_producers WHERE producer_id IN
+             (SELECT producer_id FROM queen.kafka_producers WHERE tenant_id = substr($1, 2, 36)::uuid LIMIT $2)"),
         ("streamQueriesDeleted", "DELETE FROM queen.stream_queries WHERE id IN (SELECT id FROM queen.stream_queries WHERE starts_with(name, $1) LIMIT 10) AND $2::bigint > 0"),
         ("kvKeysDeleted", "DELETE FROM queen.kv WHERE ctid IN (SELECT ctid FROM queen.kv WHERE starts_with(ns, $1) LIMIT $2)"),
         ("traceNamesDeleted", "DELETE FROM queen.trace_names WHERE ctid IN (SELECT ctid FROM queen.trace_names WHERE starts_with(name, $1) LIMIT $2)"),

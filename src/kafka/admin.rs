@@ -24,6 +24,8 @@ use kafka_protocol::protocol::StrBytes;
 use super::topics::{self, valid_name};
 use super::Kafka;
 use crate::db::DbError;
+use crate::http::AppState;
+use crate::tenancy::Tenant;
 use super::codes::{self, *};
 
 /// The widest topic a client may declare.
@@ -34,9 +36,9 @@ fn text(s: impl Into<String>) -> StrBytes {
 }
 
 /// `CreateTopics`: a queue per topic, with its declared width.
-pub async fn create_topics(kafka: &Kafka, req: &CreateTopicsRequest, version: i16) -> CreateTopicsResponse {
+pub async fn create_topics(kafka: &Kafka, tenant: Tenant, req: &CreateTopicsRequest, version: i16) -> CreateTopicsResponse {
     let names: Vec<String> = req.topics.iter().map(|t| t.name.0.to_string()).collect();
-    let existing = topics::widths(&kafka.state.pool, Some(&names), kafka.config.default_partitions).await;
+    let existing = topics::widths(&kafka.state.pool, tenant, Some(&names), kafka.config.default_partitions).await;
     let mut r = CreateTopicsResponse::default();
     for t in &req.topics {
         let name = t.name.0.as_str();
@@ -49,11 +51,13 @@ pub async fn create_topics(kafka: &Kafka, req: &CreateTopicsRequest, version: i1
             Ok(have) if have.iter().any(|(n, _)| n == name) => (TOPIC_ALREADY_EXISTS, format!("Topic '{name}' already exists.")),
             _ if !(1..=MAX_PARTITIONS).contains(&width) => (INVALID_PARTITIONS, format!("Number of partitions must be from 1 to {MAX_PARTITIONS}.")),
             _ if req.validate_only => (0, String::new()),
-            _ => match declare(&kafka.state.pool, name, width, true).await {
+            _ => match declare(&kafka.state, tenant, name, width, true).await {
                 Ok(()) => (0, String::new()),
                 Err(e) => {
-                    tracing::warn!(error = %e, "kafka create topics failed");
-                    (KAFKA_STORAGE_ERROR, "the topic could not be created".into())
+                    if let topics::CreateError::Db(e) = &e {
+                        tracing::warn!(error = %e, "kafka create topics failed");
+                    }
+                    e.kafka()
                 }
             },
         };
@@ -71,10 +75,15 @@ pub async fn create_topics(kafka: &Kafka, req: &CreateTopicsRequest, version: i1
     r
 }
 
-/// Creates the queue if needed and sets its declared width: `fresh` for a
-/// new topic, else a raise (the width only grows).
-async fn declare(pool: &deadpool_postgres::Pool, name: &str, width: i32, fresh: bool) -> Result<(), DbError> {
-    let client = pool.get().await?;
+/// Creates the tenant's queue if needed (within its queue quota) and sets
+/// its declared width: `fresh` for a new topic, else a raise (the width
+/// only grows).
+async fn declare(state: &AppState, tenant: Tenant, name: &str, width: i32, fresh: bool) -> Result<(), topics::CreateError> {
+    let name = tenant.stored(name);
+    if fresh {
+        state.quotas.push(tenant, &[&name], 0, 0)?;
+    }
+    let client = state.pool.get().await.map_err(DbError::from)?;
     let sql = if fresh {
         "INSERT INTO queen.kafka_topics (queue_id, partitions) VALUES (queen.ensure_queue_v1($1), $2)
          ON CONFLICT (queue_id) DO NOTHING"
@@ -82,14 +91,14 @@ async fn declare(pool: &deadpool_postgres::Pool, name: &str, width: i32, fresh: 
         "INSERT INTO queen.kafka_topics AS k (queue_id, partitions) VALUES (queen.ensure_queue_v1($1), $2)
          ON CONFLICT (queue_id) DO UPDATE SET partitions = GREATEST(k.partitions, EXCLUDED.partitions)"
     };
-    client.execute(sql, &[&name, &width]).await?;
+    client.execute(sql, &[&name, &width]).await.map_err(DbError::from)?;
     Ok(())
 }
 
 /// `CreatePartitions`: raises a topic's declared width.
-pub async fn create_partitions(kafka: &Kafka, req: &CreatePartitionsRequest) -> CreatePartitionsResponse {
+pub async fn create_partitions(kafka: &Kafka, tenant: Tenant, req: &CreatePartitionsRequest) -> CreatePartitionsResponse {
     let names: Vec<String> = req.topics.iter().map(|t| t.name.0.to_string()).collect();
-    let existing = topics::widths(&kafka.state.pool, Some(&names), kafka.config.default_partitions).await;
+    let existing = topics::widths(&kafka.state.pool, tenant, Some(&names), kafka.config.default_partitions).await;
     let mut r = CreatePartitionsResponse::default();
     for t in &req.topics {
         let mut out = CreatePartitionsTopicResult::default();
@@ -101,7 +110,7 @@ pub async fn create_partitions(kafka: &Kafka, req: &CreatePartitionsRequest) -> 
             (_, Some(w)) if t.count <= w => (INVALID_PARTITIONS, format!("Topic currently has {w} partitions, which is higher than or equal to the requested {}.", t.count)),
             _ if t.count > MAX_PARTITIONS => (INVALID_PARTITIONS, format!("Number of partitions must be at most {MAX_PARTITIONS}.")),
             _ if req.validate_only => (0, String::new()),
-            _ => match declare(&kafka.state.pool, &t.name.0, t.count, false).await {
+            _ => match declare(&kafka.state, tenant, &t.name.0, t.count, false).await {
                 Ok(()) => (0, String::new()),
                 Err(_) => (KAFKA_STORAGE_ERROR, "the width could not be written".into()),
             },
@@ -114,7 +123,7 @@ pub async fn create_partitions(kafka: &Kafka, req: &CreatePartitionsRequest) -> 
 }
 
 /// `DeleteTopics`: deletes the queues, with everything under them.
-pub async fn delete_topics(kafka: &Kafka, req: &DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {
+pub async fn delete_topics(kafka: &Kafka, tenant: Tenant, req: &DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {
     // v6 names topics in `topics` (by name or id); earlier versions in `topic_names`.
     let names: Vec<Option<TopicName>> =
         if version >= 6 { req.topics.iter().map(|t| t.name.clone()).collect() } else { req.topic_names.iter().cloned().map(Some).collect() };
@@ -124,7 +133,7 @@ pub async fn delete_topics(kafka: &Kafka, req: &DeleteTopicsRequest, version: i1
         out.error_code = match &name {
             None => UNKNOWN_TOPIC_ID,
             Some(n) if !valid_name(&n.0) => UNKNOWN_TOPIC_OR_PARTITION,
-            Some(n) => match kafka.state.delete_queue(&n.0).await {
+            Some(n) => match kafka.state.delete_queue(&tenant.stored(&n.0)).await {
                 Ok(answer) if answer["existed"] == true => 0,
                 Ok(_) => UNKNOWN_TOPIC_OR_PARTITION,
                 Err(e) => {
@@ -150,8 +159,9 @@ fn state_name(s: super::groups::State) -> &'static str {
     }
 }
 
-/// The Queen consumer groups that hold cursors, but Queen's internal ones.
-async fn stored_groups(pool: &deadpool_postgres::Pool, only: Option<&[String]>) -> Result<Vec<String>, DbError> {
+/// The Queen consumer groups that hold cursors on `tenant`'s queues, but
+/// Queen's internal ones.
+async fn stored_groups(pool: &deadpool_postgres::Pool, tenant: Tenant, only: Option<&[String]>) -> Result<Vec<String>, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
@@ -159,7 +169,7 @@ async fn stored_groups(pool: &deadpool_postgres::Pool, only: Option<&[String]>) 
              JOIN queen.partitions p ON p.id = c.partition_id JOIN queen.queues q ON q.id = p.queue_id
              WHERE c.consumer_group NOT LIKE '\\_\\_%' AND ($1::text[] IS NULL OR c.consumer_group = ANY($1)) AND q.tenant_id = $2
              ORDER BY 1",
-            &[&only, &crate::tenancy::Tenant::default().0],
+            &[&only, &tenant.0],
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -167,14 +177,20 @@ async fn stored_groups(pool: &deadpool_postgres::Pool, only: Option<&[String]>) 
 
 /// `ListGroups`: the groups this broker coordinates, and every Queen group
 /// with cursors (as `Empty` consumer groups).
-pub async fn list_groups(kafka: &Kafka, req: &ListGroupsRequest) -> ListGroupsResponse {
+pub async fn list_groups(kafka: &Kafka, tenant: Tenant, req: &ListGroupsRequest) -> ListGroupsResponse {
     let mut r = ListGroupsResponse::default();
-    let mut all: Vec<(String, &'static str, String)> =
-        kafka.groups.groups().into_iter().map(|(name, state, protocol_type)| (name, state_name(state), protocol_type)).collect();
-    match stored_groups(&kafka.state.pool, None).await {
+    // The coordinator keeps every tenant's groups, by stored name.
+    let mut all: Vec<(String, &'static str, String)> = kafka
+        .groups
+        .groups()
+        .into_iter()
+        .filter(|(name, ..)| tenant.owns(name))
+        .map(|(name, state, protocol_type)| (crate::tenancy::shown(&name).to_string(), state_name(state), protocol_type))
+        .collect();
+    match stored_groups(&kafka.state.pool, tenant, None).await {
         Ok(stored) => {
             // Each broker lists the groups it coordinates; a client asks them all.
-            for g in stored.into_iter().filter(|g| kafka.nodes.mine(&super::coordination_key(g))) {
+            for g in stored.into_iter().filter(|g| kafka.nodes.mine(&super::coordination_key(&tenant.stored(g)))) {
                 if !all.iter().any(|(n, ..)| *n == g) {
                     all.push((g, "Empty", "consumer".into()));
                 }
@@ -203,19 +219,20 @@ pub async fn list_groups(kafka: &Kafka, req: &ListGroupsRequest) -> ListGroupsRe
 
 /// `DescribeGroups`: members and their assignments for a group this broker
 /// coordinates; `Empty` for a Queen group with cursors; `Dead` otherwise.
-pub async fn describe_groups(kafka: &Kafka, req: &DescribeGroupsRequest, version: i16) -> DescribeGroupsResponse {
+pub async fn describe_groups(kafka: &Kafka, tenant: Tenant, req: &DescribeGroupsRequest, version: i16) -> DescribeGroupsResponse {
     let names: Vec<String> = req.groups.iter().map(|g| g.0.to_string()).collect();
-    let stored = stored_groups(&kafka.state.pool, Some(&names)).await;
+    let stored = stored_groups(&kafka.state.pool, tenant, Some(&names)).await;
     let mut r = DescribeGroupsResponse::default();
     for name in names {
         let mut out = DescribedGroup::default();
         out.group_id = GroupId(text(name.clone()));
-        if !kafka.nodes.mine(&super::coordination_key(&name)) {
+        let member_of = tenant.stored(&name);
+        if !kafka.nodes.mine(&super::coordination_key(&member_of)) {
             out.error_code = codes::NOT_COORDINATOR;
             r.groups.push(out);
             continue;
         }
-        match kafka.groups.describe(&name) {
+        match kafka.groups.describe(&member_of) {
             Some(view) => {
                 out.group_state = StrBytes::from_static_str(state_name(view.state));
                 out.protocol_type = text(view.protocol_type);
@@ -253,17 +270,18 @@ pub async fn describe_groups(kafka: &Kafka, req: &DescribeGroupsRequest, version
 
 /// `DeleteGroups`: a group without members loses its cursors and
 /// subscriptions (the HTTP route's delete).
-pub async fn delete_groups(kafka: &Kafka, req: &DeleteGroupsRequest) -> DeleteGroupsResponse {
+pub async fn delete_groups(kafka: &Kafka, tenant: Tenant, req: &DeleteGroupsRequest) -> DeleteGroupsResponse {
     let mut r = DeleteGroupsResponse::default();
     for g in &req.groups_names {
         let mut out = DeletableGroupResult::default();
         out.group_id = g.clone();
-        out.error_code = if !kafka.nodes.mine(&super::coordination_key(&g.0)) {
+        let member_of = tenant.stored(&g.0);
+        out.error_code = if !kafka.nodes.mine(&super::coordination_key(&member_of)) {
             codes::NOT_COORDINATOR
-        } else if kafka.groups.has_members(&g.0) {
+        } else if kafka.groups.has_members(&member_of) {
             NON_EMPTY_GROUP
         } else {
-            match kafka.state.delete_group(crate::tenancy::Tenant::default(), &g.0, None, true).await {
+            match kafka.state.delete_group(tenant, &g.0, None, true).await {
                 Ok((0, _)) => GROUP_ID_NOT_FOUND,
                 Ok(_) => 0,
                 Err(_) => KAFKA_STORAGE_ERROR,
@@ -277,14 +295,15 @@ pub async fn delete_groups(kafka: &Kafka, req: &DeleteGroupsRequest) -> DeleteGr
 /// `OffsetDelete`: removes a group's cursors on some partitions; refused
 /// while the group has members (Kafka refuses it for a topic they
 /// subscribe to).
-pub async fn offset_delete(kafka: &Kafka, req: &OffsetDeleteRequest) -> OffsetDeleteResponse {
+pub async fn offset_delete(kafka: &Kafka, tenant: Tenant, req: &OffsetDeleteRequest) -> OffsetDeleteResponse {
     let group = req.group_id.0.as_str();
+    let member_of = tenant.stored(group);
     let mut r = OffsetDeleteResponse::default();
-    if !kafka.nodes.mine(&super::coordination_key(group)) {
+    if !kafka.nodes.mine(&super::coordination_key(&member_of)) {
         r.error_code = codes::NOT_COORDINATOR;
         return r;
     }
-    let active = kafka.groups.has_members(group);
+    let active = kafka.groups.has_members(&member_of);
     let client = kafka.state.pool.get().await;
     for t in &req.topics {
         let mut out = OffsetDeleteResponseTopic::default();
@@ -301,7 +320,7 @@ pub async fn offset_delete(kafka: &Kafka, req: &OffsetDeleteRequest) -> OffsetDe
                         "DELETE FROM queen.consumers c USING queen.partitions p, queen.queues q
                          WHERE p.id = c.partition_id AND q.id = p.queue_id
                            AND c.consumer_group = $1 AND q.name = $2 AND p.name = $3",
-                        &[&group, &t.name.0.as_str(), &name],
+                        &[&group, &tenant.stored(&t.name.0), &name],
                     )
                     .await
                 {

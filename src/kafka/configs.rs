@@ -13,6 +13,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::topics::valid_name;
 use super::Kafka;
+use crate::tenancy::Tenant;
 use super::codes::*;
 
 const TOPIC: i8 = 2;
@@ -25,14 +26,14 @@ const STRING: i8 = 2;
 const LONG: i8 = 5;
 
 /// The queue's retention in seconds, `None` when the queue does not exist.
-async fn retention(kafka: &Kafka, topic: &str) -> Result<Option<i32>, crate::db::DbError> {
+async fn retention(kafka: &Kafka, tenant: Tenant, topic: &str) -> Result<Option<i32>, crate::db::DbError> {
     let client = kafka.state.pool.get().await?;
-    let row = client.query_opt("SELECT retention_seconds FROM queen.queues WHERE name = $1", &[&topic]).await?;
+    let row = client.query_opt("SELECT retention_seconds FROM queen.queues WHERE name = $1", &[&tenant.stored(topic)]).await?;
     Ok(row.map(|r| r.get(0)))
 }
 
 /// `DescribeConfigs`: a topic's two settings; a broker has none to show.
-pub async fn describe(kafka: &Kafka, req: &DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
+pub async fn describe(kafka: &Kafka, tenant: Tenant, req: &DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
     let mut r = DescribeConfigsResponse::default();
     for res in &req.resources {
         let mut out = DescribeConfigsResult::default();
@@ -51,7 +52,7 @@ pub async fn describe(kafka: &Kafka, req: &DescribeConfigsRequest, version: i16)
         };
         match res.resource_type {
             BROKER => {}
-            TOPIC if valid_name(&res.resource_name) => match retention(kafka, &res.resource_name).await {
+            TOPIC if valid_name(&res.resource_name) => match retention(kafka, tenant, &res.resource_name).await {
                 Ok(Some(seconds)) => {
                     if wanted("retention.ms") {
                         let (value, source) = if seconds > 0 { ((i64::from(seconds) * 1000).to_string(), DYNAMIC_TOPIC_CONFIG) } else { ("-1".into(), DEFAULT_CONFIG) };
@@ -102,7 +103,7 @@ fn plan(configs: &[kafka_protocol::messages::incremental_alter_configs_request::
 
 /// `IncrementalAlterConfigs`: `retention.ms` and `cleanup.policy=delete`
 /// on topics; anything else is INVALID_CONFIG, with nothing changed.
-pub async fn alter(kafka: &Kafka, req: &IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
+pub async fn alter(kafka: &Kafka, tenant: Tenant, req: &IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
     let mut r = IncrementalAlterConfigsResponse::default();
     for res in &req.resources {
         let mut out = AlterConfigsResourceResponse::default();
@@ -114,7 +115,7 @@ pub async fn alter(kafka: &Kafka, req: &IncrementalAlterConfigsRequest) -> Incre
                 return Err((INVALID_CONFIG, "only topic configs can be altered".into()));
             }
             let seconds = plan(&res.configs).map_err(|e| (INVALID_CONFIG, e))?;
-            match retention(kafka, name).await {
+            match retention(kafka, tenant, name).await {
                 Ok(Some(_)) if valid_name(name) => {}
                 Ok(_) => return Err((UNKNOWN_TOPIC_OR_PARTITION, format!("The topic '{name}' does not exist."))),
                 Err(_) => return Err((KAFKA_STORAGE_ERROR, "the topic could not be read".into())),
@@ -122,7 +123,8 @@ pub async fn alter(kafka: &Kafka, req: &IncrementalAlterConfigsRequest) -> Incre
             let (Some(seconds), false) = (seconds, req.validate_only) else { return Ok(()) };
             let body = serde_json::json!({"queue": name, "options": {"retentionSeconds": seconds, "retentionEnabled": seconds > 0}});
             let encryption = kafka.state.coalescer.encryption().ring().is_some();
-            let request = crate::admin::configure::parse(&body, encryption).map_err(|e| (INVALID_CONFIG, e.error))?;
+            let mut request = crate::admin::configure::parse(&body, encryption).map_err(|e| (INVALID_CONFIG, e.error))?;
+            request.queue = tenant.stored(&request.queue);
             kafka.state.configure(&request).await.map(|_| ()).map_err(|_| (KAFKA_STORAGE_ERROR, "the configuration could not be written".into()))
         }
         .await;

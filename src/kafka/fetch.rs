@@ -19,6 +19,7 @@ use super::records::{from_payload, KafkaRecord};
 use super::topics::{partition_name, valid_name};
 use super::{batch, Kafka};
 use crate::reads::fetch::{self as reads, Entry, Sink};
+use crate::tenancy::Tenant;
 use super::codes::*;
 
 
@@ -64,7 +65,7 @@ impl Sink for Parts {
 }
 
 /// `Fetch`.
-pub async fn fetch(kafka: &Kafka, req: &FetchRequest, version: i16) -> FetchResponse {
+pub async fn fetch(kafka: &Kafka, tenant: Tenant, req: &FetchRequest, version: i16) -> FetchResponse {
     // Where each requested partition's answer comes from: an entry of the
     // read, or an error decided here.
     let mut plan: Vec<(usize, i32, Result<usize, i16>)> = Vec::new();
@@ -77,7 +78,7 @@ pub async fn fetch(kafka: &Kafka, req: &FetchRequest, version: i16) -> FetchResp
                 Some(_) if p.fetch_offset < 0 => Err(OFFSET_OUT_OF_RANGE),
                 Some(partition) => {
                     entries.push(Entry {
-                        queue: topic.topic.0.to_string(),
+                        queue: tenant.stored(&topic.topic.0),
                         partition,
                         offset: p.fetch_offset,
                         max_bytes: (p.partition_max_bytes.max(1) as usize).min(reads::MAX_ENTRY_BYTES),

@@ -27,6 +27,7 @@ use super::codes::*;
 use crate::ack::transaction::{push_in_at, stage, TxnError};
 use crate::db::DbError;
 use crate::http::AppState;
+use crate::tenancy::Tenant;
 use super::produce::{first_offsets, push_items};
 
 /// Batches remembered per window: Kafka's `max.in.flight` for idempotence
@@ -34,8 +35,8 @@ use super::produce::{first_offsets, push_items};
 #[cfg(test)]
 const REMEMBERED: usize = 5;
 
-const INIT_SQL: &str = "SELECT o_producer, o_epoch FROM queen.kafka_init_producer_v1($1, $2)";
-const BEGIN_SQL: &str = "SELECT * FROM queen.kafka_produce_begin_v1($1, $2, $3, $4)";
+const INIT_SQL: &str = "SELECT o_producer, o_epoch FROM queen.kafka_init_producer_v2($1, $2, $3)";
+const BEGIN_SQL: &str = "SELECT * FROM queen.kafka_produce_begin_v2($1, $2, $3, $4, $5)";
 const RECORD_SQL: &str = "SELECT queen.kafka_produce_record_v1($1, $2, $3, $4, $5, $6, $7)";
 const EXPIRE_SQL: &str = "SELECT queen.kafka_producers_expire_v2($1, $2, $3)";
 const TXN_STATE_SQL: &str = "SELECT transactional_id, txn_state FROM queen.kafka_producers WHERE producer_id = $1";
@@ -115,14 +116,15 @@ pub struct Lane<'a> {
     pub payloads: &'a [String],
 }
 
-/// InitProducerId without a transactional id: a new producer id (`bump`
-/// None), or KIP-360's next epoch of (id, epoch). `Ok(None)`: the epoch
-/// given is not the producer's (another session bumped it): fenced.
-pub async fn init_producer(pool: &Pool, bump: Option<(i64, i16)>) -> Result<Option<(i64, i16)>, DbError> {
+/// InitProducerId without a transactional id: a new producer id of
+/// `tenant` (`bump` None), or KIP-360's next epoch of (id, epoch) (a new id
+/// when another tenant holds that one). `Ok(None)`: the epoch given is not
+/// the producer's (another session bumped it): fenced.
+pub async fn init_producer(pool: &Pool, tenant: Tenant, bump: Option<(i64, i16)>) -> Result<Option<(i64, i16)>, DbError> {
     let (id, epoch) = bump.unwrap_or((-1, -1));
     let client = pool.get().await?;
     let stmt = client.prepare_cached(INIT_SQL).await?;
-    let row = client.query_one(&stmt, &[&id, &epoch]).await?;
+    let row = client.query_one(&stmt, &[&id, &epoch, &tenant.0]).await?;
     let (id, epoch): (i64, i16) = (row.get(0), row.get(1));
     Ok((epoch >= 0).then_some((id, epoch)))
 }
@@ -131,7 +133,7 @@ pub async fn init_producer(pool: &Pool, bump: Option<(i64, i16)>) -> Result<Opti
 /// epoch) in one transaction with their windows, and answers each lane's
 /// first offset (its original one for a resend) or its error code. An
 /// `Err` wrote nothing.
-pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>, lanes: &[Lane<'_>]) -> Result<Vec<Result<i64, i16>>, TxnError> {
+pub async fn produce(state: &AppState, tenant: Tenant, subject: Option<&str>, txn: Option<&str>, lanes: &[Lane<'_>]) -> Result<Vec<Result<i64, i16>>, TxnError> {
     let Some(first) = lanes.first() else { return Ok(Vec::new()) };
     let (producer, epoch) = (first.batch.producer_id, first.batch.epoch);
     let transactional = lanes.iter().any(|l| l.batch.transactional);
@@ -143,7 +145,7 @@ pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>,
     // Three round trips: BEGIN with the lock and the windows, the batches'
     // segments in one call, the windows' advance with COMMIT. Statements are
     // prepared first, so each pipelined pair leaves in order.
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&producer, &epoch, &queues, &partitions];
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [&producer, &epoch, &queues, &partitions, &tenant.0];
     let one: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&producer];
     // The producer's transaction state only matters to a transactional batch.
     let txn_state = async {
@@ -158,7 +160,7 @@ pub async fn produce(state: &AppState, subject: Option<&str>, txn: Option<&str>,
         let rows = rows?;
         let txn_state = txn_state?;
         if rows.len() != lanes.len() {
-            return Err(DbError::Unexpected("kafka_produce_begin_v1 answered another count of windows".into()).into());
+            return Err(DbError::Unexpected("kafka_produce_begin_v2 answered another count of windows".into()).into());
         }
         // A transaction's batch comes from its producer's current session,
         // inside an open transaction (AddPartitionsToTxn opened it).

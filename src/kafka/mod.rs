@@ -12,11 +12,13 @@
 //! has, the classic group membership protocol, lives in [`groups`], in
 //! memory, as Kafka's own group coordinator keeps it.
 //!
-//! The listener serves the default tenant (`tenancy`): its Metadata, group
-//! listing and offset reads see only that tenant's queues, and a topic
-//! name (letters, digits, `.`, `_`, `-`) can never spell another tenant's
-//! stored name. With tenants named by a token claim (`QUEEN_TENANT_CLAIM`),
-//! a SASL token of another tenant fails authentication.
+//! A connection acts in one tenant (`tenancy`): the one its SASL token's
+//! claim names (`QUEEN_TENANT_CLAIM`), else the default. Names are mapped
+//! at this edge, as HTTP's routes map them: a topic is the tenant's queue
+//! (`Tenant::stored` in, `tenancy::shown` out), a group's membership and a
+//! transactional id are keyed by the tenant's stored name, and listings
+//! read only the tenant's queues. So two tenants' topic `orders` and group
+//! `billing` are strangers, and a foreign name is an unknown one.
 //!
 //! One task per connection reads a frame, answers it, and reads the next:
 //! Kafka clients pipeline requests and expect the answers in order, so a
@@ -215,19 +217,17 @@ pub fn coordination_key(group: &str) -> String {
 }
 
 
-/// Checks a SASL PLAIN token and records who authenticated.
+/// Checks a SASL PLAIN token and records who authenticated, and the
+/// tenant its claim names (the same rule as an HTTP bearer token's).
 fn authenticate(kafka: &Kafka, session: &mut sasl::Session, token: &[u8]) -> Result<(), String> {
     let password = sasl::plain_password(token)?;
     let principal = crate::http::auth::principal(password, &kafka.state.config.auth)?;
-    // The listener serves the default tenant's queues: a token naming
-    // another tenant is refused here, never served the default's data.
-    if kafka.state.config.auth.tenant_claim.is_some() {
-        let tenant = principal.tenant.as_deref().and_then(crate::tenancy::parse);
-        if tenant.is_none_or(|t| !crate::tenancy::Tenant(t).is_default()) {
-            return Err("this token's tenant is not served by the Kafka listener (it serves the default tenant only)".into());
-        }
+    let tenant = crate::tenancy::claimed(&kafka.state.config, &principal).map_err(|(why, _)| why.to_string())?.unwrap_or_default();
+    if crate::tenancy::reserved(tenant) {
+        return Err("this tenant is reserved: no connection acts on it".into());
     }
     session.principal = Some(principal);
+    session.tenant = tenant;
     Ok(())
 }
 
@@ -247,6 +247,9 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
     if !session.may(authz::need(req.key)) {
         return authz::denied(req);
     }
+    // Group ids and transactional ids are the tenant's: kept (in the
+    // coordinator, in queen.kafka_producers) by their stored names.
+    let tenant = session.tenant;
     match req.key {
         ApiKey::ApiVersions => req.answer(&versions::answer(codes::NONE)),
         ApiKey::SaslHandshake => {
@@ -290,22 +293,22 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::Metadata => {
             let r = decode!(MetadataRequest);
             let may_create = session.may(crate::http::auth::Level::WriteOnly);
-            req.answer(&topics::metadata(kafka, &r, req.version, may_create).await)
+            req.answer(&topics::metadata(kafka, tenant, &r, req.version, may_create).await)
         }
         ApiKey::Produce => {
             let r = decode!(ProduceRequest);
-            match produce::produce(kafka, &r, session.subject()).await {
+            match produce::produce(kafka, tenant, &r, session.subject(), req.version).await {
                 Some(answer) => req.answer(&answer),
                 None => conn::Reply::Nothing,
             }
         }
         ApiKey::Fetch => {
             let r = decode!(FetchRequest);
-            req.answer(&fetch::fetch(kafka, &r, req.version).await)
+            req.answer(&fetch::fetch(kafka, tenant, &r, req.version).await)
         }
         ApiKey::ListOffsets => {
             let r = decode!(ListOffsetsRequest);
-            req.answer(&topics::list_offsets(kafka, &r).await)
+            req.answer(&topics::list_offsets(kafka, tenant, &r).await)
         }
         ApiKey::FindCoordinator => {
             let r = decode!(FindCoordinatorRequest);
@@ -315,7 +318,7 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
                     .coordinator_keys
                     .iter()
                     .map(|k| {
-                        let owner = kafka.nodes.owner(&coordination_key(k));
+                        let owner = kafka.nodes.owner(&coordination_key(&tenant.stored(k)));
                         let mut c = find_coordinator_response::Coordinator::default();
                         c.key = k.clone();
                         c.node_id = BrokerId(owner.id);
@@ -325,7 +328,7 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
                     })
                     .collect();
             } else {
-                let owner = kafka.nodes.owner(&coordination_key(&r.key));
+                let owner = kafka.nodes.owner(&coordination_key(&tenant.stored(&r.key)));
                 a.node_id = BrokerId(owner.id);
                 a.host = StrBytes::from_string(owner.host);
                 a.port = owner.port;
@@ -335,13 +338,14 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::JoinGroup => {
             let r = decode!(JoinGroupRequest);
             let ms = |v: i32| std::time::Duration::from_millis(v.max(0) as u64);
-            let joined = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+            let group = tenant.stored(&r.group_id.0);
+            let joined = if !kafka.nodes.mine(&coordination_key(&group)) {
                 groups::Joined::error(NOT_COORDINATOR, &r.member_id)
             } else {
                 kafka
                 .groups
                 .join(groups::JoinRequest {
-                    group: r.group_id.0.to_string(),
+                    group,
                     member_id: r.member_id.to_string(),
                     instance_id: r.group_instance_id.as_ref().map(|s| s.to_string()),
                     client_id: req.header.client_id.as_ref().map_or_else(|| "consumer".to_string(), |c| c.to_string()),
@@ -383,10 +387,11 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::SyncGroup => {
             let r = decode!(SyncGroupRequest);
             let assignments = r.assignments.iter().map(|a| (a.member_id.to_string(), a.assignment.clone())).collect();
-            let synced = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+            let group = tenant.stored(&r.group_id.0);
+            let synced = if !kafka.nodes.mine(&coordination_key(&group)) {
                 groups::Synced::error(NOT_COORDINATOR)
             } else {
-                kafka.groups.sync(&r.group_id.0, r.generation_id, &r.member_id, assignments, std::time::Duration::from_secs(60)).await
+                kafka.groups.sync(&group, r.generation_id, &r.member_id, assignments, std::time::Duration::from_secs(60)).await
             };
             let mut a = SyncGroupResponse::default();
             a.error_code = synced.error;
@@ -400,10 +405,11 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         ApiKey::Heartbeat => {
             let r = decode!(HeartbeatRequest);
             let mut a = HeartbeatResponse::default();
-            a.error_code = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+            let group = tenant.stored(&r.group_id.0);
+            a.error_code = if !kafka.nodes.mine(&coordination_key(&group)) {
                 NOT_COORDINATOR
             } else {
-                kafka.groups.heartbeat(&r.group_id.0, r.generation_id, &r.member_id)
+                kafka.groups.heartbeat(&group, r.generation_id, &r.member_id)
             };
             req.answer(&a)
         }
@@ -411,10 +417,11 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
             let r = decode!(LeaveGroupRequest);
             let ids: Vec<String> =
                 if req.version >= 3 { r.members.iter().map(|m| m.member_id.to_string()).collect() } else { vec![r.member_id.to_string()] };
-            let codes = if !kafka.nodes.mine(&coordination_key(&r.group_id.0)) {
+            let group = tenant.stored(&r.group_id.0);
+            let codes = if !kafka.nodes.mine(&coordination_key(&group)) {
                 vec![NOT_COORDINATOR; ids.len()]
             } else {
-                kafka.groups.leave(&r.group_id.0, &ids)
+                kafka.groups.leave(&group, &ids)
             };
             let mut a = LeaveGroupResponse::default();
             if req.version >= 3 {
@@ -437,11 +444,11 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         }
         ApiKey::OffsetCommit => {
             let r = decode!(OffsetCommitRequest);
-            req.answer(&offsets::commit(kafka, &r).await)
+            req.answer(&offsets::commit(kafka, tenant, &r).await)
         }
         ApiKey::OffsetFetch => {
             let r = decode!(OffsetFetchRequest);
-            req.answer(&offsets::fetch(kafka, &r).await)
+            req.answer(&offsets::fetch(kafka, tenant, &r).await)
         }
         ApiKey::InitProducerId => {
             let r = decode!(InitProducerIdRequest);
@@ -449,7 +456,7 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
             a.producer_id = ProducerId(-1);
             a.producer_epoch = -1;
             if let Some(txn) = r.transactional_id.as_ref().filter(|t| !t.0.is_empty()) {
-                match transactions::init(&kafka.state.pool, &txn.0, r.transaction_timeout_ms).await {
+                match transactions::init(&kafka.state.pool, tenant, &txn.0, r.transaction_timeout_ms).await {
                     Ok((id, epoch)) => {
                         a.producer_id = ProducerId(id);
                         a.producer_epoch = epoch;
@@ -462,7 +469,7 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
             } else {
                 // KIP-360: a producer that names its id and epoch asks for the next epoch.
                 let bump = (r.producer_id.0 >= 0 && r.producer_epoch >= 0).then_some((r.producer_id.0, r.producer_epoch));
-                match idempotence::init_producer(&kafka.state.pool, bump).await {
+                match idempotence::init_producer(&kafka.state.pool, tenant, bump).await {
                     Ok(Some((id, epoch))) => {
                         a.producer_id = ProducerId(id);
                         a.producer_epoch = epoch;
@@ -478,19 +485,19 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         }
         ApiKey::AddPartitionsToTxn => {
             let r = decode!(AddPartitionsToTxnRequest);
-            req.answer(&transactions::add_partitions(kafka, &r).await)
+            req.answer(&transactions::add_partitions(kafka, tenant, &r).await)
         }
         ApiKey::AddOffsetsToTxn => {
             let r = decode!(AddOffsetsToTxnRequest);
-            req.answer(&transactions::add_offsets(kafka, &r).await)
+            req.answer(&transactions::add_offsets(kafka, tenant, &r).await)
         }
         ApiKey::TxnOffsetCommit => {
             let r = decode!(TxnOffsetCommitRequest);
-            req.answer(&transactions::offset_commit(kafka, &r).await)
+            req.answer(&transactions::offset_commit(kafka, tenant, &r).await)
         }
         ApiKey::EndTxn => {
             let r = decode!(EndTxnRequest);
-            req.answer(&transactions::end(kafka, &r).await)
+            req.answer(&transactions::end(kafka, tenant, &r).await)
         }
         ApiKey::DescribeCluster => {
             let live = kafka.nodes.live();
@@ -512,39 +519,39 @@ async fn dispatch(kafka: &Kafka, req: &conn::Request, session: &mut sasl::Sessio
         }
         ApiKey::DescribeConfigs => {
             let r = decode!(DescribeConfigsRequest);
-            req.answer(&configs::describe(kafka, &r, req.version).await)
+            req.answer(&configs::describe(kafka, tenant, &r, req.version).await)
         }
         ApiKey::IncrementalAlterConfigs => {
             let r = decode!(IncrementalAlterConfigsRequest);
-            req.answer(&configs::alter(kafka, &r).await)
+            req.answer(&configs::alter(kafka, tenant, &r).await)
         }
         ApiKey::CreateTopics => {
             let r = decode!(CreateTopicsRequest);
-            req.answer(&admin::create_topics(kafka, &r, req.version).await)
+            req.answer(&admin::create_topics(kafka, tenant, &r, req.version).await)
         }
         ApiKey::DeleteTopics => {
             let r = decode!(DeleteTopicsRequest);
-            req.answer(&admin::delete_topics(kafka, &r, req.version).await)
+            req.answer(&admin::delete_topics(kafka, tenant, &r, req.version).await)
         }
         ApiKey::CreatePartitions => {
             let r = decode!(CreatePartitionsRequest);
-            req.answer(&admin::create_partitions(kafka, &r).await)
+            req.answer(&admin::create_partitions(kafka, tenant, &r).await)
         }
         ApiKey::ListGroups => {
             let r = decode!(ListGroupsRequest);
-            req.answer(&admin::list_groups(kafka, &r).await)
+            req.answer(&admin::list_groups(kafka, tenant, &r).await)
         }
         ApiKey::DescribeGroups => {
             let r = decode!(DescribeGroupsRequest);
-            req.answer(&admin::describe_groups(kafka, &r, req.version).await)
+            req.answer(&admin::describe_groups(kafka, tenant, &r, req.version).await)
         }
         ApiKey::DeleteGroups => {
             let r = decode!(DeleteGroupsRequest);
-            req.answer(&admin::delete_groups(kafka, &r).await)
+            req.answer(&admin::delete_groups(kafka, tenant, &r).await)
         }
         ApiKey::OffsetDelete => {
             let r = decode!(OffsetDeleteRequest);
-            req.answer(&admin::offset_delete(kafka, &r).await)
+            req.answer(&admin::offset_delete(kafka, tenant, &r).await)
         }
         other => conn::Reply::Close(format!("{other:?} is not served")),
     }

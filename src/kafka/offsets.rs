@@ -20,18 +20,22 @@ use kafka_protocol::protocol::StrBytes;
 use super::topics::{partition_name, valid_name};
 use super::Kafka;
 use crate::db::DbError;
+use crate::tenancy::Tenant;
 use super::codes::{self, *};
 
 /// `OffsetCommit`.
-pub async fn commit(kafka: &Kafka, req: &OffsetCommitRequest) -> OffsetCommitResponse {
+pub async fn commit(kafka: &Kafka, tenant: Tenant, req: &OffsetCommitRequest) -> OffsetCommitResponse {
+    // The cursors are the group's on the tenant's partitions; its
+    // membership is the coordinator's under the tenant's stored name.
     let group = req.group_id.0.as_str();
+    let member_of = tenant.stored(group);
     // A commit inside a generation is judged by the group's coordinator; a
     // plain commit (generation -1, no member) can be written by any broker.
     let inside = req.generation_id_or_member_epoch >= 0 || !req.member_id.is_empty();
-    let allowed = if inside && !kafka.nodes.mine(&super::coordination_key(group)) {
+    let allowed = if inside && !kafka.nodes.mine(&super::coordination_key(&member_of)) {
         codes::NOT_COORDINATOR
     } else {
-        kafka.groups.commit_allowed(group, req.generation_id_or_member_epoch, req.member_id.as_str())
+        kafka.groups.commit_allowed(&member_of, req.generation_id_or_member_epoch, req.member_id.as_str())
     };
     let mut r = OffsetCommitResponse::default();
     // (topic index, partition index, queue, partition name, cursor)
@@ -50,7 +54,7 @@ pub async fn commit(kafka: &Kafka, req: &OffsetCommitRequest) -> OffsetCommitRes
                 _ if allowed != 0 => allowed,
                 None => UNKNOWN_TOPIC_OR_PARTITION,
                 Some(n) => {
-                    wanted.push((t, p.partition_index, topic.name.0.to_string(), n, p.committed_offset.max(0) - 1));
+                    wanted.push((t, p.partition_index, tenant.stored(&topic.name.0), n, p.committed_offset.max(0) - 1));
                     0
                 }
             });
@@ -114,10 +118,10 @@ async fn write(pool: &Pool, group: &str, wanted: &[(usize, i32, String, String, 
 }
 
 /// `OffsetFetch` (v1-7: one group): -1 for a partition never committed.
-pub async fn fetch(kafka: &Kafka, req: &OffsetFetchRequest) -> OffsetFetchResponse {
+pub async fn fetch(kafka: &Kafka, tenant: Tenant, req: &OffsetFetchRequest) -> OffsetFetchResponse {
     let group = req.group_id.0.as_str();
     let mut r = OffsetFetchResponse::default();
-    let known = match read(&kafka.state.pool, group).await {
+    let known = match read(&kafka.state.pool, tenant, group).await {
         Ok(k) => k,
         Err(e) => {
             tracing::warn!(error = %e, "kafka offset fetch failed");
@@ -159,8 +163,9 @@ pub async fn fetch(kafka: &Kafka, req: &OffsetFetchRequest) -> OffsetFetchRespon
     r
 }
 
-/// Every Kafka-addressable cursor of `group`: (topic, partition, next offset).
-async fn read(pool: &Pool, group: &str) -> Result<Vec<(String, i32, i64)>, DbError> {
+/// Every Kafka-addressable cursor of `group` on `tenant`'s topics: (topic
+/// as the tenant knows it, partition, next offset).
+async fn read(pool: &Pool, tenant: Tenant, group: &str) -> Result<Vec<(String, i32, i64)>, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
@@ -169,8 +174,8 @@ async fn read(pool: &Pool, group: &str) -> Result<Vec<(String, i32, i64)>, DbErr
              JOIN queen.queues q ON q.id = p.queue_id
              WHERE c.consumer_group = $1 AND p.name ~ '^(0|[1-9][0-9]{0,8})$' AND q.tenant_id = $2
              ORDER BY q.name, p.name::int",
-            &[&group, &crate::tenancy::Tenant::default().0],
+            &[&group, &tenant.0],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    Ok(rows.iter().map(|r| (crate::tenancy::shown(r.get::<_, &str>(0)).to_string(), r.get(1), r.get(2))).collect())
 }

@@ -15,6 +15,7 @@
 //! duplicate.
 
 use std::borrow::Cow;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, ProduceResponse, TopicProduceResponse};
@@ -23,6 +24,8 @@ use super::topics::{partition_name, valid_name};
 use super::idempotence::{self, Sequenced};
 use super::{batch, records, Kafka};
 use crate::push::{self, Outcome, PushItem};
+use crate::tenancy::quota::Refused;
+use crate::tenancy::Tenant;
 use super::codes::*;
 
 
@@ -33,6 +36,8 @@ struct Lane {
     partition: String,
     payloads: Vec<String>,
     error: i16,
+    /// Why, when a quota refused it (Produce v8+ answers it).
+    message: Option<String>,
     /// An idempotent producer's batch: its sequence window decides.
     sequenced: Option<Sequenced>,
     /// The first offset written (or, for a resend, written before).
@@ -42,12 +47,14 @@ struct Lane {
 /// `Produce`; `None` when the request asked for no answer (`acks=0`).
 /// `producer`: the authenticated subject, stamped on every message as an
 /// HTTP push stamps its JWT's.
-pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>) -> Option<ProduceResponse> {
+pub async fn produce(kafka: &Kafka, tenant: Tenant, req: &ProduceRequest, producer: Option<&str>, version: i16) -> Option<ProduceResponse> {
+    // The tenant's queues the topics are (by topic index).
+    let stored: Vec<String> = req.topic_data.iter().map(|t| tenant.stored(&t.name.0)).collect();
     let mut lanes: Vec<Lane> = Vec::new();
     for (t, topic) in req.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
         for p in &topic.partition_data {
-            let mut lane = Lane { topic: t, index: p.index, partition: String::new(), payloads: Vec::new(), error: 0, sequenced: None, first: None };
+            let mut lane = Lane { topic: t, index: p.index, partition: String::new(), payloads: Vec::new(), error: 0, message: None, sequenced: None, first: None };
             match (valid_name(name), partition_name(p.index)) {
                 (false, _) => lane.error = INVALID_TOPIC_EXCEPTION,
                 (_, None) => lane.error = UNKNOWN_TOPIC_OR_PARTITION,
@@ -60,35 +67,44 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
         }
     }
     if !kafka.config.auto_create {
-        refuse_unknown_topics(kafka, req, &mut lanes).await;
+        refuse_unknown_topics(kafka, tenant, req, &mut lanes).await;
     }
     if kafka.state.push_maintenance() {
         // Push maintenance: HTTP pushes go to the spool, which has no
         // offsets to give; Kafka producers retry until it ends.
         lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR);
     }
+    let throttled = match admit(kafka, tenant, &lanes, &stored).await {
+        Ok(waited) => waited,
+        Err((code, message)) => {
+            for l in lanes.iter_mut().filter(|l| l.error == 0) {
+                (l.error, l.message) = (code, Some(message.clone()));
+            }
+            Duration::ZERO
+        }
+    };
     // Plain batches share the coalescer's commits; an idempotent
     // producer's go in a transaction of their own with its windows.
     let mut producers: Vec<(i64, i16)> = lanes.iter().filter(|l| l.error == 0).filter_map(|l| l.sequenced).map(|s| (s.producer_id, s.epoch)).collect();
     producers.sort_unstable();
     producers.dedup();
-    let plain = write_plain(kafka, req, &lanes, producer);
+    let plain = write_plain(kafka, &stored, &lanes, producer);
     let sequenced = futures_util::future::join_all(producers.iter().map(|&(id, epoch)| {
         let mine: Vec<usize> = (0..lanes.len())
             .filter(|&i| lanes[i].error == 0 && lanes[i].sequenced.is_some_and(|s| (s.producer_id, s.epoch) == (id, epoch)))
             .collect();
-        let lanes = &lanes;
+        let (lanes, stored) = (&lanes, &stored);
         async move {
             let batches: Vec<idempotence::Lane> = mine
                 .iter()
                 .map(|&i| {
                     let l = &lanes[i];
                     let batch = l.sequenced.expect("a sequenced lane");
-                    idempotence::Lane { queue: req.topic_data[l.topic].name.0.as_str(), partition: &l.partition, batch, payloads: &l.payloads }
+                    idempotence::Lane { queue: stored[l.topic].as_str(), partition: &l.partition, batch, payloads: &l.payloads }
                 })
                 .collect();
-            let txn = req.transactional_id.as_ref().map(|t| t.0.as_str());
-            let written = idempotence::produce(&kafka.state, producer, txn, &batches).await;
+            let txn = req.transactional_id.as_ref().map(|t| tenant.stored(&t.0));
+            let written = idempotence::produce(&kafka.state, tenant, producer, txn.as_deref(), &batches).await;
             (mine, written)
         }
     }));
@@ -119,6 +135,11 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
         return None;
     }
     let mut r = ProduceResponse::default();
+    if version < 6 {
+        // Before KIP-219 the time a broker held the answer back is
+        // reported; from v6 a client would wait that long again.
+        r.throttle_time_ms = throttled.as_millis().min(i32::MAX as u128) as i32;
+    }
     r.responses = req
         .topic_data
         .iter()
@@ -135,18 +156,58 @@ pub async fn produce(kafka: &Kafka, req: &ProduceRequest, producer: Option<&str>
         p.base_offset = if l.error == 0 { l.first.unwrap_or(-1) } else { -1 };
         p.log_append_time_ms = -1;
         p.log_start_offset = -1;
+        if version >= 8 {
+            p.error_message = l.message.as_deref().map(|m| kafka_protocol::protocol::StrBytes::from_string(m.to_string()));
+        }
         r.responses[l.topic].partition_responses.push(p);
     }
     Some(r)
 }
 
+/// The longest a produce waits for its tenant's push rate before it is
+/// answered REQUEST_TIMED_OUT (retriable): under the clients' default
+/// request timeout of 30 s.
+const QUOTA_WAIT: Duration = Duration::from_secs(20);
+
+/// Admits the lanes still to be written under the tenant's push quota
+/// (`tenancy::quota`, as an HTTP push): a spent rate is waited out here,
+/// as Kafka's own brokers throttle a producer rather than fail it, and the
+/// time waited is answered; a total reached (stored bytes, queue count) or
+/// a wait past [`QUOTA_WAIT`] is the code and message every such lane
+/// gets. Nothing is written before this answers.
+async fn admit(kafka: &Kafka, tenant: Tenant, lanes: &[Lane], stored: &[String]) -> Result<Duration, (i16, String)> {
+    let open = || lanes.iter().filter(|l| l.error == 0);
+    if open().next().is_none() {
+        return Ok(Duration::ZERO);
+    }
+    let mut queues: Vec<&str> = open().map(|l| stored[l.topic].as_str()).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    let messages = open().map(|l| l.payloads.len() as u64).sum();
+    let bytes = open().flat_map(|l| &l.payloads).map(|p| p.len() as u64).sum();
+    let started = Instant::now();
+    loop {
+        match kafka.state.quotas.push(tenant, &queues, messages, bytes) {
+            Ok(()) => return Ok(started.elapsed()),
+            Err(refused @ Refused::Rate { wait_ms, .. }) => {
+                let wait = Duration::from_millis(wait_ms);
+                if started.elapsed() + wait > QUOTA_WAIT {
+                    return Err((REQUEST_TIMED_OUT, refused.message()));
+                }
+                tokio::time::sleep(wait).await;
+            }
+            Err(refused) => return Err((POLICY_VIOLATION, refused.message())),
+        }
+    }
+}
+
 /// The plain (non-idempotent) lanes through `push::push_items`: each
 /// one's first offset or error code, by lane index.
-async fn write_plain(kafka: &Kafka, req: &ProduceRequest, lanes: &[Lane], producer: Option<&str>) -> Vec<(usize, Result<i64, i16>)> {
+async fn write_plain(kafka: &Kafka, stored: &[String], lanes: &[Lane], producer: Option<&str>) -> Vec<(usize, Result<i64, i16>)> {
     let plain: Vec<usize> = (0..lanes.len()).filter(|&i| lanes[i].error == 0 && lanes[i].sequenced.is_none()).collect();
     let items = push_items(plain.iter().map(|&i| {
         let l = &lanes[i];
-        (req.topic_data[l.topic].name.0.as_str(), l.partition.as_str(), l.payloads.as_slice())
+        (stored[l.topic].as_str(), l.partition.as_str(), l.payloads.as_slice())
     }));
     if items.is_empty() {
         // Batches of control records only: nothing to write.
@@ -232,9 +293,9 @@ fn stored_payloads(records: &[u8], out: &mut Vec<String>) -> (i16, Option<Sequen
 }
 
 /// With auto-creation off, a topic that is not a queue yet is refused.
-async fn refuse_unknown_topics(kafka: &Kafka, req: &ProduceRequest, lanes: &mut [Lane]) {
+async fn refuse_unknown_topics(kafka: &Kafka, tenant: Tenant, req: &ProduceRequest, lanes: &mut [Lane]) {
     let names: Vec<String> = req.topic_data.iter().map(|t| t.name.0.to_string()).collect();
-    match super::topics::widths(&kafka.state.pool, Some(&names), 1).await {
+    match super::topics::widths(&kafka.state.pool, tenant, Some(&names), 1).await {
         Ok(have) => {
             for l in lanes.iter_mut().filter(|l| l.error == 0) {
                 if !have.iter().any(|(n, _)| *n == names[l.topic]) {

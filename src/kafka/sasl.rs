@@ -9,6 +9,7 @@
 //! most [`PRE_AUTH_FRAME`]) until it has authenticated.
 
 use crate::http::auth::{Level, Principal};
+use crate::tenancy::Tenant;
 
 /// The largest frame before authentication.
 pub const PRE_AUTH_FRAME: usize = 64 << 10;
@@ -25,6 +26,9 @@ pub struct Session {
     pub bare_token_next: bool,
     /// Who authenticated; `None` until then (and always without SASL).
     pub principal: Option<Principal>,
+    /// Whose topics, groups and transactional ids the connection acts on:
+    /// the tenant its token names (`QUEEN_TENANT_CLAIM`), else the default.
+    pub tenant: Tenant,
 }
 
 impl Session {

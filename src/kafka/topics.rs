@@ -13,6 +13,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::Kafka;
 use crate::db::DbError;
+use crate::http::AppState;
+use crate::tenancy::Tenant;
 use super::codes::*;
 
 
@@ -27,10 +29,12 @@ pub fn partition_name(index: i32) -> Option<String> {
     (index >= 0).then(|| index.to_string())
 }
 
-/// The named topics that exist (all of them for `None`), each with its
-/// width: its declared width (`floor` when it declared none), or one past its
-/// highest numeric partition when that is more (migrations/0026).
-pub async fn widths(pool: &Pool, names: Option<&[String]>, floor: i32) -> Result<Vec<(String, i32)>, DbError> {
+/// The named topics of `tenant` that exist (all of them for `None`), by
+/// the names the tenant knows, each with its width: its declared width
+/// (`floor` when it declared none), or one past its highest numeric
+/// partition when that is more (migrations/0026).
+pub async fn widths(pool: &Pool, tenant: Tenant, names: Option<&[String]>, floor: i32) -> Result<Vec<(String, i32)>, DbError> {
+    let stored: Option<Vec<String>> = names.map(|ns| ns.iter().map(|n| tenant.stored(n)).collect());
     let client = pool.get().await?;
     let rows = client
         .query(
@@ -39,24 +43,57 @@ pub async fn widths(pool: &Pool, names: Option<&[String]>, floor: i32) -> Result
              FROM queen.queues q LEFT JOIN queen.partitions p ON p.queue_id = q.id
              WHERE ($1::text[] IS NULL OR q.name = ANY($1)) AND q.tenant_id = $3
              GROUP BY q.id, q.name ORDER BY q.name",
-            &[&names, &floor, &crate::tenancy::Tenant::default().0],
+            &[&stored, &floor, &tenant.0],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i32>(1))).collect())
+    Ok(rows.iter().map(|r| (crate::tenancy::shown(r.get::<_, &str>(0)).to_string(), r.get::<_, i32>(1))).collect())
 }
 
-/// Creates the queues of `names` that do not exist yet.
-pub async fn create(pool: &Pool, names: &[String]) -> Result<(), DbError> {
+/// Creates `tenant`'s queues of `names` that do not exist yet, within its
+/// queue quota (refused: nothing is created).
+pub async fn create(state: &AppState, tenant: Tenant, names: &[String]) -> Result<(), CreateError> {
     if names.is_empty() {
         return Ok(());
     }
-    let client = pool.get().await?;
-    client.execute("SELECT queen.ensure_queue_v1(n) FROM unnest($1::text[]) AS n", &[&names]).await?;
+    let stored: Vec<String> = names.iter().map(|n| tenant.stored(n)).collect();
+    state.quotas.push(tenant, &stored.iter().map(String::as_str).collect::<Vec<_>>(), 0, 0)?;
+    let client = state.pool.get().await.map_err(DbError::from)?;
+    client.execute("SELECT queen.ensure_queue_v1(n) FROM unnest($1::text[]) AS n", &[&stored]).await.map_err(DbError::from)?;
     Ok(())
 }
 
+/// Why topics were not created.
+#[derive(Debug)]
+pub enum CreateError {
+    /// The tenant's quota refuses a new queue.
+    Quota(crate::tenancy::quota::Refused),
+    Db(DbError),
+}
+
+impl From<crate::tenancy::quota::Refused> for CreateError {
+    fn from(r: crate::tenancy::quota::Refused) -> Self {
+        CreateError::Quota(r)
+    }
+}
+
+impl From<DbError> for CreateError {
+    fn from(e: DbError) -> Self {
+        CreateError::Db(e)
+    }
+}
+
+impl CreateError {
+    /// Kafka's code and message for it.
+    pub fn kafka(&self) -> (i16, String) {
+        match self {
+            CreateError::Quota(r) => (POLICY_VIOLATION, r.message()),
+            CreateError::Db(_) => (KAFKA_STORAGE_ERROR, "the topic could not be created".into()),
+        }
+    }
+}
+
 /// `Metadata`.
-pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16, may_create: bool) -> MetadataResponse {
+pub async fn metadata(kafka: &Kafka, tenant: Tenant, req: &MetadataRequest, version: i16, may_create: bool) -> MetadataResponse {
     let floor = kafka.config.default_partitions;
     let mut r = MetadataResponse::default();
     let live = kafka.nodes.live();
@@ -86,14 +123,20 @@ pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16, may_cr
     };
     let (valid, invalid): (Vec<String>, Vec<String>) = wanted.iter().flatten().cloned().partition(|n| valid_name(n));
     let auto_create = may_create && kafka.config.auto_create && (version < 4 || req.allow_auto_topic_creation);
-    let mut found = widths(&kafka.state.pool, wanted.as_ref().map(|_| valid.as_slice()), floor).await;
+    let mut found = widths(&kafka.state.pool, tenant, wanted.as_ref().map(|_| valid.as_slice()), floor).await;
+    // Topics the tenant's queue quota kept from being created.
+    let mut refused: Vec<String> = Vec::new();
     if auto_create {
         if let Ok(have) = &found {
             let missing: Vec<String> = valid.iter().filter(|n| !have.iter().any(|(h, _)| h == *n)).cloned().collect();
             if !missing.is_empty() {
-                found = match create(&kafka.state.pool, &missing).await {
-                    Ok(()) => widths(&kafka.state.pool, Some(&valid), floor).await,
-                    Err(e) => Err(e),
+                found = match create(&kafka.state, tenant, &missing).await {
+                    Ok(()) => widths(&kafka.state.pool, tenant, Some(&valid), floor).await,
+                    Err(CreateError::Quota(_)) => {
+                        refused = missing;
+                        found
+                    }
+                    Err(CreateError::Db(e)) => Err(e),
                 };
             }
         }
@@ -119,7 +162,12 @@ pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16, may_cr
         Ok(have) => {
             r.topics = have.iter().map(|(n, w)| topic(n, 0, *w)).collect();
             for n in valid.iter().filter(|n| !have.iter().any(|(h, _)| h == *n)) {
-                r.topics.push(topic(n, UNKNOWN_TOPIC_OR_PARTITION, 0));
+                // A topic the queue quota kept from being created is answered
+                // as it would be: the producer's records then meet the
+                // quota's refusal (POLICY_VIOLATION, with its reason) at once,
+                // where an unknown topic would keep them waiting until their
+                // timeout (clients wait for a topic being created).
+                r.topics.push(if refused.contains(n) { topic(n, 0, floor) } else { topic(n, UNKNOWN_TOPIC_OR_PARTITION, 0) });
             }
         }
         Err(e) => {
@@ -134,7 +182,7 @@ pub async fn metadata(kafka: &Kafka, req: &MetadataRequest, version: i16, may_cr
 /// `ListOffsets`: -2 the log start, -1 the high watermark, else the first
 /// offset of the first segment written at or after the timestamp (-1 when
 /// none is). A partition never written has both ends at 0.
-pub async fn list_offsets(kafka: &Kafka, req: &ListOffsetsRequest) -> ListOffsetsResponse {
+pub async fn list_offsets(kafka: &Kafka, tenant: Tenant, req: &ListOffsetsRequest) -> ListOffsetsResponse {
     let mut r = ListOffsetsResponse::default();
     let client = match kafka.state.pool.get().await {
         Ok(c) => Some(c),
@@ -154,7 +202,7 @@ pub async fn list_offsets(kafka: &Kafka, req: &ListOffsetsRequest) -> ListOffset
             match (&client, name) {
                 (_, None) => a.error_code = UNKNOWN_TOPIC_OR_PARTITION,
                 (None, _) => a.error_code = KAFKA_STORAGE_ERROR,
-                (Some(c), Some(name)) => match offset_at(c, &t.name.0, &name, p.timestamp).await {
+                (Some(c), Some(name)) => match offset_at(c, &tenant.stored(&t.name.0), &name, p.timestamp).await {
                     Ok((offset, ts)) => {
                         a.offset = offset;
                         a.timestamp = ts;

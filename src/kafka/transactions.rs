@@ -38,20 +38,22 @@ use super::codes::*;
 use super::topics::{partition_name, valid_name};
 use super::Kafka;
 use crate::db::DbError;
+use crate::tenancy::Tenant;
 
-const INIT_SQL: &str = "SELECT o_producer, o_epoch FROM queen.kafka_init_transactional_v1($1, $2)";
+const INIT_SQL: &str = "SELECT o_producer, o_epoch FROM queen.kafka_init_transactional_v2($1, $2, $3)";
 const CHECK_SQL: &str = "SELECT queen.kafka_txn_check_v1($1, $2, $3, $4)";
 const OFFSETS_SQL: &str = "SELECT queen.kafka_txn_offsets_v1($1, $2, $3, $4, $5)";
 const END_SQL: &str = "SELECT * FROM queen.kafka_txn_end_v1($1, $2, $3, $4)";
 const EXPIRE_SQL: &str = "SELECT queen.kafka_txn_expire_v1($1)";
 
-/// InitProducerId with a transactional id: its producer with whatever it
-/// left open aborted and the epoch bumped (older sessions fenced), or a new
-/// one.
-pub async fn init(pool: &Pool, transactional_id: &str, timeout_ms: i32) -> Result<(i64, i16), DbError> {
+/// InitProducerId with `tenant`'s transactional id: its producer with
+/// whatever it left open aborted and the epoch bumped (older sessions
+/// fenced), or a new one. A transactional id is kept by the tenant's
+/// stored name, as a queue's, so two tenants' ids never meet.
+pub async fn init(pool: &Pool, tenant: Tenant, transactional_id: &str, timeout_ms: i32) -> Result<(i64, i16), DbError> {
     let client = pool.get().await?;
     let stmt = client.prepare_cached(INIT_SQL).await?;
-    let row = client.query_one(&stmt, &[&transactional_id, &timeout_ms.max(1)]).await?;
+    let row = client.query_one(&stmt, &[&tenant.stored(transactional_id), &timeout_ms.max(1), &tenant.0]).await?;
     Ok((row.get(0), row.get(1)))
 }
 
@@ -72,10 +74,10 @@ async fn check(pool: &Pool, transactional_id: &str, producer: i64, epoch: i16, b
 /// `AddPartitionsToTxn` (v0–3): opens the transaction; every partition
 /// gets the answer (a partition needs no registration here: the stage
 /// takes whatever the transaction's producer sends).
-pub async fn add_partitions(kafka: &Kafka, req: &AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
+pub async fn add_partitions(kafka: &Kafka, tenant: Tenant, req: &AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
     let code = check(
         &kafka.state.pool,
-        &req.v3_and_below_transactional_id.0,
+        &tenant.stored(&req.v3_and_below_transactional_id.0),
         req.v3_and_below_producer_id.0,
         req.v3_and_below_producer_epoch,
         true,
@@ -108,15 +110,16 @@ pub async fn add_partitions(kafka: &Kafka, req: &AddPartitionsToTxnRequest) -> A
 }
 
 /// `AddOffsetsToTxn`: opens the transaction for the group's offsets.
-pub async fn add_offsets(kafka: &Kafka, req: &AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+pub async fn add_offsets(kafka: &Kafka, tenant: Tenant, req: &AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
     let mut r = AddOffsetsToTxnResponse::default();
-    r.error_code = check(&kafka.state.pool, &req.transactional_id.0, req.producer_id.0, req.producer_epoch, true).await;
+    r.error_code = check(&kafka.state.pool, &tenant.stored(&req.transactional_id.0), req.producer_id.0, req.producer_epoch, true).await;
     r
 }
 
 /// `TxnOffsetCommit`: stages the group's offsets; they become its cursors
 /// when the transaction commits.
-pub async fn offset_commit(kafka: &Kafka, req: &TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {
+pub async fn offset_commit(kafka: &Kafka, tenant: Tenant, req: &TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {
+    let transactional_id = tenant.stored(&req.transactional_id.0);
     let mut wanted: Vec<(String, String, i64)> = Vec::new();
     let mut r = TxnOffsetCommitResponse::default();
     let mut valid: Vec<Vec<bool>> = Vec::new();
@@ -131,7 +134,7 @@ pub async fn offset_commit(kafka: &Kafka, req: &TxnOffsetCommitRequest) -> TxnOf
             match partition_name(p.partition_index).filter(|_| valid_name(&t.name.0)) {
                 Some(name) => {
                     // Kafka's committed offset k is the cursor k - 1.
-                    wanted.push((t.name.0.to_string(), name, p.committed_offset.max(0) - 1));
+                    wanted.push((tenant.stored(&t.name.0), name, p.committed_offset.max(0) - 1));
                     ok.push(true);
                 }
                 None => ok.push(false),
@@ -145,7 +148,7 @@ pub async fn offset_commit(kafka: &Kafka, req: &TxnOffsetCommitRequest) -> TxnOf
         let tx = client.transaction().await?;
         let check = tx.prepare_cached(CHECK_SQL).await?;
         let code: i16 = tx
-            .query_one(&check, &[&req.transactional_id.0.as_str(), &req.producer_id.0, &req.producer_epoch, &false])
+            .query_one(&check, &[&transactional_id, &req.producer_id.0, &req.producer_epoch, &false])
             .await?
             .get(0);
         if code == 0 && !wanted.is_empty() {
@@ -173,7 +176,8 @@ pub async fn offset_commit(kafka: &Kafka, req: &TxnOffsetCommitRequest) -> TxnOf
 /// `EndTxn`: commits (the staged segments join the log, the staged
 /// offsets become cursors) or aborts, in one PostgreSQL transaction sent
 /// as one round trip; then wakes the readers of what was written.
-pub async fn end(kafka: &Kafka, req: &EndTxnRequest) -> EndTxnResponse {
+pub async fn end(kafka: &Kafka, tenant: Tenant, req: &EndTxnRequest) -> EndTxnResponse {
+    let transactional_id = tenant.stored(&req.transactional_id.0);
     let mut r = EndTxnResponse::default();
     r.producer_id = req.producer_id;
     r.producer_epoch = req.producer_epoch;
@@ -182,7 +186,7 @@ pub async fn end(kafka: &Kafka, req: &EndTxnRequest) -> EndTxnResponse {
         let client = state.pool.get().await?;
         let stmt = client.prepare_cached(END_SQL).await?;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-            [&req.transactional_id.0.as_str(), &req.producer_id.0, &req.producer_epoch, &req.committed];
+            [&transactional_id, &req.producer_id.0, &req.producer_epoch, &req.committed];
         // BEGIN, the move and COMMIT leave together: a COMMIT after a failed
         // statement rolls back, and the failure is what is answered.
         let (begun, rows, committed) =

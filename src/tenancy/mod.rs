@@ -293,6 +293,20 @@ pub fn parse(text: &str) -> Option<Uuid> {
         .flatten()
 }
 
+/// The tenant a verified token's claim names (`QUEEN_TENANT_CLAIM`):
+/// `Ok(None)` when claims do not name tenants; else the tenant, or why the
+/// token names none (the message and its code). The one rule for HTTP's
+/// bearer tokens and the Kafka listener's SASL tokens.
+pub fn claimed(cfg: &Config, p: &Principal) -> Result<Option<Tenant>, (&'static str, &'static str)> {
+    if cfg.auth.tenant_claim.is_none() {
+        return Ok(None);
+    }
+    match p.tenant.as_deref() {
+        None => Err(("the token names no tenant (its tenant claim is missing)", "tenant_claim_missing")),
+        Some(text) => parse(text).map(|t| Some(Tenant(t))).ok_or(("the token's tenant claim is not a UUID", "tenant_claim_invalid")),
+    }
+}
+
 /// The tenant of a request, given its headers and (if its token was
 /// verified) its principal; or the answer that refuses it. `aware`: the
 /// route keeps its data per tenant ([`isolated`], and `/auth/me`).
@@ -312,15 +326,9 @@ pub fn resolve(cfg: &Config, aware: bool, headers: &HeaderMap, principal: Option
         },
         _ => None,
     };
-    let from_claim = match (claim_mode, principal) {
-        (true, Some(p)) => match p.tenant.as_deref() {
-            None => return Err(refuse(StatusCode::FORBIDDEN, "the token names no tenant (its tenant claim is missing)", "tenant_claim_missing")),
-            Some(text) => match parse(text) {
-                Some(t) => Some(Tenant(t)),
-                None => return Err(refuse(StatusCode::FORBIDDEN, "the token's tenant claim is not a UUID", "tenant_claim_invalid")),
-            },
-        },
-        _ => None,
+    let from_claim = match principal {
+        Some(p) => claimed(cfg, p).map_err(|(why, code)| refuse(StatusCode::FORBIDDEN, why, code))?,
+        None => None,
     };
     let tenant = match (from_claim, from_header) {
         (_, Some(h)) if acting => h,

@@ -172,22 +172,37 @@ impl Limit {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refused {
     /// A rate is spent: 429 `rate_limited`, `Retry-After` the seconds until
-    /// the request would fit.
-    Rate { limit: Limit, retry_after: u64 },
+    /// the request would fit (`wait_ms` to the millisecond: the Kafka
+    /// listener waits that long instead of refusing).
+    Rate { limit: Limit, retry_after: u64, wait_ms: u64 },
     /// A total is reached: 403 `quota_exceeded`.
     Total { limit: Limit, quota: u64, usage: u64 },
     /// The kind is switched off for the tenant: 403 `quota_exceeded`.
     Disabled { kind: Kind },
 }
 
+impl Refused {
+    /// What the refusal says to the caller (an HTTP body's `error`, a Kafka
+    /// error message).
+    pub fn message(&self) -> String {
+        match self {
+            Refused::Rate { limit, retry_after, .. } => {
+                format!("rate limited: the tenant's {} quota is spent; retry after {retry_after} s", limit.name())
+            }
+            Refused::Total { limit, quota, usage } => format!("quota exceeded: {} is at {usage} of the tenant's {quota}", limit.name()),
+            Refused::Disabled { kind } => format!("quota exceeded: {} are not enabled for this tenant", kind.name()),
+        }
+    }
+}
+
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
+        let error = self.message();
         match self {
-            Refused::Rate { limit, retry_after } => {
+            Refused::Rate { limit, retry_after, .. } => {
                 let mut r = (
                     StatusCode::TOO_MANY_REQUESTS,
-                    Json(json!({"error": format!("rate limited: the tenant's {} quota is spent; retry after {retry_after} s", limit.name()),
-                                "code": "rate_limited", "limit": limit.name(), "retryAfter": retry_after})),
+                    Json(json!({"error": error, "code": "rate_limited", "limit": limit.name(), "retryAfter": retry_after})),
                 )
                     .into_response();
                 r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
@@ -195,14 +210,12 @@ impl IntoResponse for Refused {
             }
             Refused::Total { limit, quota, usage } => (
                 StatusCode::FORBIDDEN,
-                Json(json!({"error": format!("quota exceeded: {} is at {usage} of the tenant's {quota}", limit.name()),
-                            "code": "quota_exceeded", "limit": limit.name(), "quota": quota, "usage": usage})),
+                Json(json!({"error": error, "code": "quota_exceeded", "limit": limit.name(), "quota": quota, "usage": usage})),
             )
                 .into_response(),
             Refused::Disabled { kind } => (
                 StatusCode::FORBIDDEN,
-                Json(json!({"error": format!("quota exceeded: {} are not enabled for this tenant", kind.name()),
-                            "code": "quota_exceeded", "limit": format!("{}.enabled", kind.name())})),
+                Json(json!({"error": error, "code": "quota_exceeded", "limit": format!("{}.enabled", kind.name())})),
             )
                 .into_response(),
         }
@@ -521,7 +534,8 @@ fn take(
         }
     }
     if let Some((limit, secs)) = wait {
-        return Err(Refused::Rate { limit, retry_after: (secs.ceil() as u64).clamp(1, 3600) });
+        let wait_ms = (secs * 1000.0).ceil().clamp(1.0, 3_600_000.0) as u64;
+        return Err(Refused::Rate { limit, retry_after: (secs.ceil() as u64).clamp(1, 3600), wait_ms });
     }
     for &(limit, n) in amounts {
         if let Some(b) = buckets.get_mut(&(tenant.0, limit)) {
@@ -561,7 +575,7 @@ mod tests {
         let (q, t) = quotas(&[(Kind::Queues, KindRow { enabled: true, set: vec![(Limit::PushMessages, Some(10))] })]);
         assert_eq!(q.push(t, &["a"], 6, 0), Ok(()));
         assert_eq!(q.push(t, &["a"], 4, 0), Ok(()));
-        assert_eq!(q.push(t, &["a"], 1, 0), Err(Refused::Rate { limit: Limit::PushMessages, retry_after: 1 }));
+        assert!(matches!(q.push(t, &["a"], 1, 0), Err(Refused::Rate { limit: Limit::PushMessages, retry_after: 1, wait_ms: 1..=1000 })));
         // Another tenant, and another limit, are not touched.
         assert_eq!(q.push(Tenant(Uuid::from_u128(8)), &["a"], 100, 0), Ok(()));
         assert_eq!(q.kv(t, 1000, 1000), Ok(()));
@@ -572,7 +586,7 @@ mod tests {
         let (q, t) = quotas(&[(Kind::Queues, KindRow { enabled: true, set: vec![(Limit::PushBytes, Some(100))] })]);
         assert_eq!(q.push(t, &["a"], 1, 1000), Ok(()));
         match q.push(t, &["a"], 1, 1) {
-            Err(Refused::Rate { limit: Limit::PushBytes, retry_after }) => assert!((9..=10).contains(&retry_after), "{retry_after}"),
+            Err(Refused::Rate { limit: Limit::PushBytes, retry_after, .. }) => assert!((9..=10).contains(&retry_after), "{retry_after}"),
             other => panic!("{other:?}"),
         }
     }

@@ -8,6 +8,7 @@ import json
 import socket
 import struct
 import time
+import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -35,12 +36,12 @@ def sasl(broker, password, **extra):
     return conf
 
 
-def deliver(conf, topic, n=3):
+def deliver(conf, topic, n=3, prefix="v"):
     """Produces n records; answers the delivery errors' names (None for success)."""
     p = Producer({**conf, "enable.idempotence": False, "message.timeout.ms": 10000, "retries": 0})
     results = []
     for i in range(n):
-        p.produce(topic, value=f"v{i}".encode(), partition=0,
+        p.produce(topic, value=f"{prefix}{i}".encode(), partition=0,
                   on_delivery=lambda err, msg: results.append(err.name() if err else None))
     p.flush(20)
     return results
@@ -89,16 +90,101 @@ def test_a_bad_password_fails_authentication_and_nothing_is_served_before_it(bro
     wait_for(lambda: any("Metadata before SASL authentication" in line for line in broker.logs), 10, "the refusal in the log")
 
 
-@pytest.mark.broker_env({**JWT, "QUEEN_TENANT_CLAIM": "tid"})
-def test_with_tenants_in_tokens_only_the_default_tenant_is_served(broker):
-    """The listener serves the default tenant's queues (issue 49): a token
-    naming another tenant fails authentication instead of reaching them."""
-    default = token("read-write", tid="00000000-0000-0000-0000-000000000001")
-    other = token("read-write", tid="6f1c2a34-0000-4000-8000-00000000abcd")
-    assert deliver(sasl(broker, default), "tenanted") == [None, None, None]
-    errors = []
-    p = Producer({**sasl(broker, other), "error_cb": lambda e: errors.append(e.code()), "message.timeout.ms": 5000})
-    p.produce("tenanted", value=b"x", partition=0)
-    p.flush(10)
-    assert KafkaError._AUTHENTICATION in errors
-    wait_for(lambda: any("not served by the Kafka listener" in line for line in broker.logs), 10, "the refusal in the log")
+DEFAULT = "00000000-0000-0000-0000-000000000001"
+A = "6f1c2a34-0000-4000-8000-00000000000a"
+B = "6f1c2a34-0000-4000-8000-00000000000b"
+TENANTS = {**JWT, "QUEEN_TENANT_CLAIM": "tid", "QUEEN_TENANCY_ADMIN_ALL": "true", "QUEEN_QUOTA_SAMPLE_MS": "200"}
+
+
+def http(broker, method, path, bearer, body=None):
+    req = urllib.request.Request(broker.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"authorization": f"Bearer {bearer}", "content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, json.loads(r.read() or b"null")
+
+
+@pytest.mark.broker_env(TENANTS)
+def test_two_tenants_clients_use_the_same_topic_group_and_transactional_id_as_strangers(broker):
+    """A SASL token's tenant claim is the connection's tenant (issue 49):
+    two tenants' `orders`, `billing` and `t1` are their own, at once."""
+    a, b = sasl(broker, token("read-write", tid=A)), sasl(broker, token("read-write", tid=B))
+    assert deliver(a, "orders", 3, "a") == [None] * 3
+    assert deliver(b, "orders", 2, "b") == [None] * 2
+    assert deliver(b, "b-only", 1, "b") == [None]
+    # One group name, one member in each tenant, consuming together: were
+    # the membership shared, partition 0 would be one member's only.
+    consumers = {t: Consumer({**conf, "group.id": "billing", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                 for t, conf in (("a", a), ("b", b))}
+    got = {t: [] for t in consumers}
+    for c in consumers.values():
+        c.subscribe(["orders"])
+
+    def both():
+        for t, c in consumers.items():
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                got[t].append(m.value())
+        return len(got["a"]) >= 3 and len(got["b"]) >= 2
+    wait_for(both, 60, "each tenant's records")
+    assert got == {"a": [b"a0", b"a1", b"a2"], "b": [b"b0", b"b1"]}
+    for c in consumers.values():
+        c.commit(asynchronous=False)
+    assert [consumers[t].committed([TopicPartition("orders", 0)], timeout=20)[0].offset for t in "ab"] == [3, 2]
+    # Listings are the tenant's, by the names it gave.
+    topics = {t: set(AdminClient(conf).list_topics(timeout=20).topics) for t, conf in (("a", a), ("b", b))}
+    assert "orders" in topics["a"] and "b-only" not in topics["a"] and {"orders", "b-only"} <= topics["b"], topics
+    assert not any("\x01" in t for ts in topics.values() for t in ts)
+    admin_a = AdminClient(a)
+    assert "billing" in {g.group_id for g in admin_a.list_consumer_groups().result(timeout=30).valid}
+    described = admin_a.describe_consumer_groups(["billing"])["billing"].result(timeout=30)
+    assert len(described.members) == 1, described.members
+    for c in consumers.values():
+        c.close()
+    default = sasl(broker, token("read-write", tid=DEFAULT))
+    assert "orders" not in AdminClient(default).list_topics(timeout=20).topics
+    # The records are the tenant's queue over HTTP too.
+    status, popped = http(broker, "GET", "/api/v1/pop/queue/orders?consumerGroup=http&batch=10&wait=false", token("read-write", tid=A))
+    assert status == 200 and [base64.b64decode(m["data"]["value"]) for m in popped["messages"]] == [b"a0", b"a1", b"a2"], popped
+    # One transactional id in both tenants: neither session fences the other.
+    producers = {t: Producer({**conf, "transactional.id": "t1"}) for t, conf in (("a", a), ("b", b))}
+    for p in producers.values():
+        p.init_transactions(30)
+    for t, p in producers.items():
+        p.begin_transaction()
+        p.produce("txns", value=t.encode(), partition=0)
+        p.commit_transaction(30)
+    rows = broker.sql("SELECT tenant_id, count(*) FROM queen.kafka_producers WHERE transactional_id IS NOT NULL GROUP BY 1 ORDER BY 1")
+    assert rows == [(A, "1"), (B, "1")], rows
+    # A producer id of one tenant is a stranger's to the other: a bump of
+    # it gets a new id and leaves the owner's epoch; a batch under it is fenced.
+    (pid, epoch), = broker.sql(f"SELECT producer_id, epoch FROM queen.kafka_producers WHERE tenant_id = '{A}' LIMIT 1")
+    (new, new_epoch), = broker.sql(f"SELECT * FROM queen.kafka_init_producer_v2({pid}, {epoch}::int2, '{B}')")
+    assert new != pid and new_epoch == "0"
+    assert broker.sql(f"SELECT epoch FROM queen.kafka_producers WHERE producer_id = {pid}") == [(epoch,)]
+    fenced = broker.sql(f"SELECT o_epoch FROM queen.kafka_produce_begin_v2({pid}, {epoch}::int2, ARRAY['x'], ARRAY['0'], '{B}')")
+    assert fenced == [("32767",)], fenced
+
+
+@pytest.mark.broker_env(TENANTS)
+def test_a_tenants_push_rate_throttles_its_producers_and_its_queue_quota_refuses_new_topics(broker):
+    admin = token("admin", tid=DEFAULT)
+    b = sasl(broker, token("read-write", tid=B))
+    assert deliver(b, "first", 1, "b") == [None]
+    status, _ = http(broker, "POST", "/api/v1/resources/quota", admin,
+                     {"tenant": B, "kind": "queues", "maxMessagesPerSecond": 4, "maxQueues": 1})
+    assert status == 200
+    wait_for(lambda: http(broker, "GET", f"/api/v1/resources/quota?tenant={B}", admin)[1]["usage"].get("queues") == 1, 10,
+             "the tenant's queues sampled")
+    # A full bucket admits a request larger than a second's rate, leaving a
+    # debt of 8 records; the next request waits it out (3 s at 4 a second)
+    # in the broker, where HTTP would be refused 429: none is lost.
+    assert deliver(b, "first", 12, "r") == [None] * 12
+    started = time.monotonic()
+    assert deliver(b, "first", 4, "s") == [None] * 4
+    assert time.monotonic() - started >= 2.0
+    assert broker.sql(f"SELECT last_offset + 1 FROM queen.partitions p JOIN queen.queues q ON q.id = p.queue_id WHERE q.tenant_id = '{B}'") == [("17",)]
+    # A second topic is over the queue quota: refused with the reason, nothing created.
+    assert deliver(b, "second", 1, "r") == ["POLICY_VIOLATION"]
+    assert broker.sql(f"SELECT count(*) FROM queen.queues WHERE tenant_id = '{B}'") == [("1",)]
+    # Another tenant is not limited.
+    assert deliver(sasl(broker, token("read-write", tid=A)), "second", 12, "a") == [None] * 12
