@@ -475,3 +475,47 @@ async fn concurrent_single_writes_share_commits_and_each_gets_its_own_verdict() 
     let kept = one(&b, json!({"op": "get", "ns": "s", "key": "fenced"})).await;
     assert_eq!((kept["value"].clone(), kept["version"].clone()), (json!("kept"), json!(fenced_version)));
 }
+
+/// Concurrent plain puts of distinct keys are one insert
+/// (`queen.kv_put_many_v1`); a batch with a key twice takes the per-call
+/// path. Either way each put is answered with its own key, value, version
+/// and expiry, and what is stored is what the last answered version says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_plain_puts_share_one_insert_and_answer_each_its_own_row() {
+    let b = Broker::start_with(&[("QUEEN_KV_GROUP_WRITERS", "1")]).await;
+    let shared = || async { common::sample(&b.prometheus().await, "queen_kv_shared_calls_total").unwrap_or(0.0) };
+    let mut rounds = 0;
+    while shared().await == 0.0 || rounds < 2 {
+        assert!(rounds < 20, "twenty rounds of concurrent puts never shared a commit");
+        let b = &b;
+        // Odd rounds put one key ten times among the others (the per-call path).
+        let calls = (0..40).map(|i| async move {
+            let key = if rounds % 2 == 1 && i < 10 { format!("same:{rounds}") } else { format!("k:{rounds}:{i}") };
+            let mut op = json!({"op": "put", "ns": "many", "key": key, "value": {"i": i}});
+            if i % 2 == 0 {
+                op["ttlSeconds"] = json!(3600);
+            } else {
+                op["forever"] = json!(true);
+            }
+            (i, key, one(b, op).await)
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        let mut last_same: Option<(i64, Value)> = None;
+        for (i, key, r) in &answers {
+            assert_eq!((&r["applied"], &r["key"], &r["value"]), (&json!(true), &json!(key), &json!({"i": i})), "{r}");
+            assert!(r["version"].as_i64().unwrap() > 0, "{r}");
+            assert_eq!(r["expiresAt"].is_string(), i % 2 == 0, "{r}");
+            if key.starts_with("same:") && last_same.as_ref().is_none_or(|(v, _)| r["version"].as_i64().unwrap() > *v) {
+                last_same = Some((r["version"].as_i64().unwrap(), r["value"].clone()));
+            }
+        }
+        for (_, key, r) in &answers {
+            let stored = one(b, json!({"op": "get", "ns": "many", "key": key})).await;
+            match (&last_same, key.starts_with("same:")) {
+                (Some((version, value)), true) => assert_eq!((&stored["version"], &stored["value"]), (&json!(version), value), "{stored}"),
+                _ => assert_eq!((&stored["version"], &stored["value"]), (&r["version"], &r["value"]), "{stored}"),
+            }
+        }
+        rounds += 1;
+    }
+}

@@ -77,6 +77,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(41, "0041_tenant_discovery.sql"),
     migration!(42, "0042_tenant_quotas.sql"),
     migration!(43, "0043_kafka_producer_tenants.sql"),
+    migration!(44, "0044_kv_put_many.sql"),
 ];
 
 /// The first migration of the development history squashed into the
