@@ -662,7 +662,7 @@ impl Config {
             timers_batch: env.parse(&["QUEEN_TIMERS_BATCH_SIZE"], 1000i64, "a batch size from 1 to 10000", |v| (1..=10_000).contains(v))?,
             kv: KvConfig {
                 enabled: env.boolean(&["QUEEN_KV_ENABLED"], true)?,
-                writers: env.parse(&["QUEEN_KV_GROUP_WRITERS"], 2usize, "a count of at least 1", |v| *v >= 1)?,
+                writers: env.parse(&["QUEEN_KV_GROUP_WRITERS"], 1usize, "a count of at least 1", |v| *v >= 1)?,
                 limits: KvLimits {
                     max_value_bytes: env.parse(&["QUEEN_KV_MAX_VALUE_BYTES"], 65_536usize, "a byte count from 1 to 16777216", |v| (1..=16 << 20).contains(v))?,
                     max_key_bytes: env.parse(&["QUEEN_KV_MAX_KEY_BYTES"], 512usize, "a byte count from 1 to 4096", |v| (1..=4096).contains(v))?,
@@ -743,7 +743,7 @@ impl Config {
         ("QUEEN_TIMERS_INTERVAL_MS", "50", "ms between looks for due timers when none was due (a full batch is followed at once by the next)"),
         ("QUEEN_TIMERS_BATCH_SIZE", "1000", "most timers one fire transaction turns into messages"),
         ("QUEEN_KV_ENABLED", "true", "serve KV; false answers every KV route 503 kv_disabled"),
-        ("QUEEN_KV_GROUP_WRITERS", "2", "most shared commits of single-write KV calls (several calls in one transaction) in flight"),
+        ("QUEEN_KV_GROUP_WRITERS", "1", "most shared commits of single-write KV calls (several calls in one transaction) in flight (measured: docs/DECISIONS.md)"),
         ("QUEEN_KV_MAX_VALUE_BYTES", "65536", "largest KV value, as JSON text; larger answers 413 kv_value_too_large"),
         ("QUEEN_KV_MAX_KEY_BYTES", "512", "longest KV key (namespaces: 128 bytes of A-Z a-z 0-9 . _ : -)"),
         ("QUEEN_KV_MAX_OPS_PER_CALL", "256", "most operations in one KV call"),
