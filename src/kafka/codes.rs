@@ -4,7 +4,6 @@
 //! protocol's (Kafka's `Errors` table).
 
 pub const NONE: i16 = 0;
-pub const REQUEST_TIMED_OUT: i16 = 7;
 pub const OFFSET_OUT_OF_RANGE: i16 = 1;
 pub const CORRUPT_MESSAGE: i16 = 2;
 pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;

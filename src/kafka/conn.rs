@@ -21,6 +21,11 @@ use super::sasl::{self, Session};
 use super::{versions, Kafka};
 use super::codes;
 
+/// How long a throttled connection sleeps before it looks at its tenant's
+/// debt again (the debt can grow meanwhile: another connection of the
+/// tenant, or another broker's share coming back).
+const THROTTLE_STEP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What one request comes to.
 pub enum Reply {
     /// An encoded answer (header and body, without the length).
@@ -81,6 +86,16 @@ where
     let mut read = BufReader::with_capacity(64 << 10, read);
     let mut session = Session::new(kafka.state.config.auth.enabled);
     loop {
+        // A tenant past its push rate is read no further on any of its
+        // connections until its debt is paid (`produce::admit`): throttled,
+        // as Kafka's brokers mute a client, and holding no frame budget
+        // meanwhile.
+        while let Some(debt) = kafka.state.quotas.push_debt(session.tenant) {
+            tokio::select! {
+                _ = tokio::time::sleep(debt.min(THROTTLE_STEP)) => {}
+                _ = stop.recv() => return,
+            }
+        }
         let len = tokio::select! {
             n = read.read_i32() => match n {
                 Ok(n) => n,

@@ -15,7 +15,7 @@
 //! duplicate.
 
 use std::borrow::Cow;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, ProduceResponse, TopicProduceResponse};
@@ -24,7 +24,6 @@ use super::topics::{partition_name, valid_name};
 use super::idempotence::{self, Sequenced};
 use super::{batch, records, Kafka};
 use crate::push::{self, Outcome, PushItem};
-use crate::tenancy::quota::Refused;
 use crate::tenancy::Tenant;
 use super::codes::*;
 
@@ -74,7 +73,7 @@ pub async fn produce(kafka: &Kafka, tenant: Tenant, req: &ProduceRequest, produc
         // offsets to give; Kafka producers retry until it ends.
         lanes.iter_mut().filter(|l| l.error == 0).for_each(|l| l.error = KAFKA_STORAGE_ERROR);
     }
-    let throttled = match admit(kafka, tenant, &lanes, &stored).await {
+    let throttled = match admit(kafka, tenant, &lanes, &stored) {
         Ok(waited) => waited,
         Err((code, message)) => {
             for l in lanes.iter_mut().filter(|l| l.error == 0) {
@@ -135,11 +134,9 @@ pub async fn produce(kafka: &Kafka, tenant: Tenant, req: &ProduceRequest, produc
         return None;
     }
     let mut r = ProduceResponse::default();
-    if version < 6 {
-        // Before KIP-219 the time a broker held the answer back is
-        // reported; from v6 a client would wait that long again.
-        r.throttle_time_ms = throttled.as_millis().min(i32::MAX as u128) as i32;
-    }
+    // Before KIP-219 (v6) the time the broker will hold the connection;
+    // from v6 the time the client is to wait, which runs alongside.
+    r.throttle_time_ms = throttled.as_millis().min(i32::MAX as u128) as i32;
     r.responses = req
         .topic_data
         .iter()
@@ -164,18 +161,15 @@ pub async fn produce(kafka: &Kafka, tenant: Tenant, req: &ProduceRequest, produc
     Some(r)
 }
 
-/// The longest a produce waits for its tenant's push rate before it is
-/// answered REQUEST_TIMED_OUT (retriable): under the clients' default
-/// request timeout of 30 s.
-const QUOTA_WAIT: Duration = Duration::from_secs(20);
-
 /// Admits the lanes still to be written under the tenant's push quota
-/// (`tenancy::quota`, as an HTTP push): a spent rate is waited out here,
-/// as Kafka's own brokers throttle a producer rather than fail it, and the
-/// time waited is answered; a total reached (stored bytes, queue count) or
-/// a wait past [`QUOTA_WAIT`] is the code and message every such lane
-/// gets. Nothing is written before this answers.
-async fn admit(kafka: &Kafka, tenant: Tenant, lanes: &[Lane], stored: &[String]) -> Result<Duration, (i16, String)> {
+/// (`tenancy::quota`, as an HTTP push), answering the throttle to report.
+/// A spent rate does not refuse them, as Kafka clients have no retry for
+/// that: they are admitted into the tenant's debt, and the tenant's
+/// connections read nothing more until it is paid (`conn::serve`), as
+/// Kafka's own brokers mute a throttled client. A total reached (stored
+/// bytes, queue count, a disabled kind) is the code and message every such
+/// lane gets. Nothing is written before this answers.
+fn admit(kafka: &Kafka, tenant: Tenant, lanes: &[Lane], stored: &[String]) -> Result<Duration, (i16, String)> {
     let open = || lanes.iter().filter(|l| l.error == 0);
     if open().next().is_none() {
         return Ok(Duration::ZERO);
@@ -185,20 +179,9 @@ async fn admit(kafka: &Kafka, tenant: Tenant, lanes: &[Lane], stored: &[String])
     queues.dedup();
     let messages = open().map(|l| l.payloads.len() as u64).sum();
     let bytes = open().flat_map(|l| &l.payloads).map(|p| p.len() as u64).sum();
-    let started = Instant::now();
-    loop {
-        match kafka.state.quotas.push(tenant, &queues, messages, bytes) {
-            Ok(()) => return Ok(started.elapsed()),
-            Err(refused @ Refused::Rate { wait_ms, .. }) => {
-                let wait = Duration::from_millis(wait_ms);
-                if started.elapsed() + wait > QUOTA_WAIT {
-                    return Err((REQUEST_TIMED_OUT, refused.message()));
-                }
-                tokio::time::sleep(wait).await;
-            }
-            Err(refused) => return Err((POLICY_VIOLATION, refused.message())),
-        }
-    }
+    let quotas = &kafka.state.quotas;
+    quotas.push_throttled(tenant, &queues, messages, bytes).map_err(|refused| (POLICY_VIOLATION, refused.message()))?;
+    Ok(quotas.push_debt(tenant).unwrap_or_default())
 }
 
 /// The plain (non-idempotent) lanes through `push::push_items`: each

@@ -307,6 +307,40 @@ impl Quotas {
     /// queue names `queues`: admitted (its tokens taken, its new queues
     /// counted) or refused, taking nothing.
     pub fn push(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64) -> Result<(), Refused> {
+        self.push_as(tenant, queues, messages, bytes, false)
+    }
+
+    /// A push admitted past a spent rate, leaving the tenant's buckets in
+    /// debt (the totals still refuse): the Kafka listener's, which then
+    /// reads nothing more of the tenant's connections until the debt is
+    /// paid ([`Quotas::push_debt`]), as Kafka's brokers throttle.
+    pub fn push_throttled(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64) -> Result<(), Refused> {
+        self.push_as(tenant, queues, messages, bytes, true)
+    }
+
+    /// How long until the tenant's push rate is out of debt on this broker
+    /// (`None`: it is not in debt).
+    pub fn push_debt(&self, tenant: Tenant) -> Option<std::time::Duration> {
+        if !self.active.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut inner = self.inner.lock().expect("quotas");
+        let eff = effective(&self.defaults, inner.rows.get(&tenant.0));
+        let brokers = inner.brokers.max(1);
+        let now = Instant::now();
+        let mut wait = 0f64;
+        for limit in [Limit::PushMessages, Limit::PushBytes] {
+            let (Some(rate), Some(b)) = (limit.get(&eff.limits), inner.usage.buckets.get_mut(&(tenant.0, limit))) else { continue };
+            let share = rate as f64 / brokers as f64;
+            let tokens = b.refill(share, now);
+            if tokens < 0.0 && share > 0.0 {
+                wait = wait.max(-tokens / share);
+            }
+        }
+        (wait > 0.0).then(|| std::time::Duration::from_secs_f64(wait.min(3600.0)))
+    }
+
+    fn push_as(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64, into_debt: bool) -> Result<(), Refused> {
         let Some((mut inner, eff)) = self.gate(tenant, Kind::Queues)? else { return Ok(()) };
         if let Some(quota) = eff.limits.stored_bytes {
             let usage = inner.usage.stored.get(&tenant.0).copied().unwrap_or(0);
@@ -325,7 +359,7 @@ impl Quotas {
             }
         }
         let brokers = inner.brokers;
-        take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::PushMessages, messages), (Limit::PushBytes, bytes)])?;
+        take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::PushMessages, messages), (Limit::PushBytes, bytes)], into_debt)?;
         if !new.is_empty() {
             inner.usage.queues.entry(tenant.0).or_default().extend(new.into_iter().map(str::to_string));
         }
@@ -381,7 +415,7 @@ impl Quotas {
     pub fn kv(&self, tenant: Tenant, reads: u64, writes: u64) -> Result<(), Refused> {
         let Some((mut inner, eff)) = self.gate(tenant, Kind::Kv)? else { return Ok(()) };
         let brokers = inner.brokers;
-        take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::KvReads, reads), (Limit::KvWrites, writes)])
+        take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::KvReads, reads), (Limit::KvWrites, writes)], false)
     }
 
     /// An ephemeral push of `messages` messages holding `bytes`, the tenant
@@ -395,7 +429,7 @@ impl Quotas {
             }
         }
         let brokers = inner.brokers;
-        take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::EphemeralMessages, messages)])
+        take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::EphemeralMessages, messages)], false)
     }
 
     /// What each of the tenant's rates has left on this broker, the live
@@ -510,13 +544,15 @@ fn effective(defaults: &QuotaLimits, rows: Option<&HashMap<Kind, KindRow>>) -> E
 
 /// Takes `amounts` from the tenant's buckets, all or none: a request larger
 /// than a bucket holds passes when the bucket is full (and leaves it in
-/// debt), so no request is refused for ever.
+/// debt), so no request is refused for ever. `into_debt`: taken whatever
+/// the buckets hold (the caller waits the debt out instead).
 fn take(
     buckets: &mut HashMap<(Uuid, Limit), Bucket>,
     tenant: Tenant,
     eff: &Effective,
     brokers: u64,
     amounts: &[(Limit, u64)],
+    into_debt: bool,
 ) -> Result<(), Refused> {
     let now = Instant::now();
     let mut wait: Option<(Limit, f64)> = None;
@@ -533,7 +569,7 @@ fn take(
             }
         }
     }
-    if let Some((limit, secs)) = wait {
+    if let Some((limit, secs)) = wait.filter(|_| !into_debt) {
         let wait_ms = (secs * 1000.0).ceil().clamp(1.0, 3_600_000.0) as u64;
         return Err(Refused::Rate { limit, retry_after: (secs.ceil() as u64).clamp(1, 3600), wait_ms });
     }
@@ -579,6 +615,17 @@ mod tests {
         // Another tenant, and another limit, are not touched.
         assert_eq!(q.push(Tenant(Uuid::from_u128(8)), &["a"], 100, 0), Ok(()));
         assert_eq!(q.kv(t, 1000, 1000), Ok(()));
+    }
+
+    #[test]
+    fn a_throttled_push_goes_into_debt_and_says_how_long_paying_it_takes() {
+        let (q, t) = quotas(&[(Kind::Queues, KindRow { enabled: true, set: vec![(Limit::PushMessages, Some(10))] })]);
+        assert_eq!(q.push_debt(t), None);
+        assert_eq!(q.push_throttled(t, &["a"], 30, 0), Ok(()), "admitted past the rate");
+        let debt = q.push_debt(t).expect("in debt");
+        assert!(debt > std::time::Duration::from_millis(1900) && debt <= std::time::Duration::from_secs(2), "{debt:?}");
+        assert!(matches!(q.push(t, &["a"], 1, 0), Err(Refused::Rate { .. })), "an HTTP push is refused meanwhile");
+        assert_eq!(q.push_debt(Tenant(Uuid::from_u128(8))), None, "another tenant owes nothing");
     }
 
     #[test]
