@@ -180,8 +180,7 @@ fn admit(kafka: &Kafka, tenant: Tenant, lanes: &[Lane], stored: &[String]) -> Re
     let messages = open().map(|l| l.payloads.len() as u64).sum();
     let bytes = open().flat_map(|l| &l.payloads).map(|p| p.len() as u64).sum();
     let quotas = &kafka.state.quotas;
-    quotas.push_throttled(tenant, &queues, messages, bytes).map_err(|refused| (POLICY_VIOLATION, refused.message()))?;
-    Ok(quotas.push_debt(tenant).unwrap_or_default())
+    quotas.push_throttled(tenant, &queues, messages, bytes).map_err(|refused| (POLICY_VIOLATION, refused.message()))
 }
 
 /// The plain (non-idempotent) lanes through `push::push_items`: each

@@ -31,7 +31,7 @@
 //! load.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -278,6 +278,10 @@ struct Inner {
     /// Live brokers at the last sample (a rate's share is rate / brokers).
     brokers: u64,
     sampled_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The tenants whose push rate may be in debt (a throttled Kafka
+    /// produce, or a request larger than a second's rate), until a check
+    /// finds the debt paid.
+    debtors: HashSet<Uuid>,
 }
 
 /// This broker's quotas: the limits in force and the usage it tracks.
@@ -286,11 +290,20 @@ pub struct Quotas {
     /// Whether any limit exists (a default or a row): else no check looks further.
     active: AtomicBool,
     inner: Mutex<Inner>,
+    /// How many tenants `Inner::debtors` holds, read without the lock: the
+    /// Kafka listener asks before every frame whether its tenant is in
+    /// debt, and while nobody is, that costs one atomic load.
+    debtors: AtomicUsize,
 }
 
 impl Quotas {
     pub fn new(defaults: QuotaLimits) -> Quotas {
-        Quotas { defaults, active: AtomicBool::new(defaults != QuotaLimits::default()), inner: Mutex::new(Inner { brokers: 1, ..Default::default() }) }
+        Quotas {
+            defaults,
+            active: AtomicBool::new(defaults != QuotaLimits::default()),
+            inner: Mutex::new(Inner { brokers: 1, ..Default::default() }),
+            debtors: AtomicUsize::new(0),
+        }
     }
 
     /// The limits in force for `tenant`.
@@ -307,25 +320,34 @@ impl Quotas {
     /// queue names `queues`: admitted (its tokens taken, its new queues
     /// counted) or refused, taking nothing.
     pub fn push(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64) -> Result<(), Refused> {
-        self.push_as(tenant, queues, messages, bytes, false)
+        self.push_as(tenant, queues, messages, bytes, false).map(drop)
     }
 
     /// A push admitted past a spent rate, leaving the tenant's buckets in
-    /// debt (the totals still refuse): the Kafka listener's, which then
-    /// reads nothing more of the tenant's connections until the debt is
-    /// paid ([`Quotas::push_debt`]), as Kafka's brokers throttle.
-    pub fn push_throttled(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64) -> Result<(), Refused> {
+    /// debt (the totals still refuse), answering how long paying it takes:
+    /// the Kafka listener's, which then reads nothing more of the tenant's
+    /// connections until the debt is paid ([`Quotas::push_debt`]), as
+    /// Kafka's brokers throttle.
+    pub fn push_throttled(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64) -> Result<std::time::Duration, Refused> {
         self.push_as(tenant, queues, messages, bytes, true)
     }
 
     /// How long until the tenant's push rate is out of debt on this broker
     /// (`None`: it is not in debt).
     pub fn push_debt(&self, tenant: Tenant) -> Option<std::time::Duration> {
-        if !self.active.load(Ordering::Relaxed) {
+        if !self.active.load(Ordering::Relaxed) || self.debtors.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let mut inner = self.inner.lock().expect("quotas");
+        if !inner.debtors.contains(&tenant.0) {
+            return None;
+        }
         let eff = effective(&self.defaults, inner.rows.get(&tenant.0));
+        self.debt(&mut inner, tenant, &eff)
+    }
+
+    /// The tenant's push debt now, keeping `debtors` in step with it.
+    fn debt(&self, inner: &mut Inner, tenant: Tenant, eff: &Effective) -> Option<std::time::Duration> {
         let brokers = inner.brokers.max(1);
         let now = Instant::now();
         let mut wait = 0f64;
@@ -337,11 +359,16 @@ impl Quotas {
                 wait = wait.max(-tokens / share);
             }
         }
+        let changed = if wait > 0.0 { inner.debtors.insert(tenant.0) } else { inner.debtors.remove(&tenant.0) };
+        if changed {
+            self.debtors.store(inner.debtors.len(), Ordering::Relaxed);
+        }
         (wait > 0.0).then(|| std::time::Duration::from_secs_f64(wait.min(3600.0)))
     }
 
-    fn push_as(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64, into_debt: bool) -> Result<(), Refused> {
-        let Some((mut inner, eff)) = self.gate(tenant, Kind::Queues)? else { return Ok(()) };
+    /// A push admitted (`Ok` with the debt it left, zero for none) or refused.
+    fn push_as(&self, tenant: Tenant, queues: &[&str], messages: u64, bytes: u64, into_debt: bool) -> Result<std::time::Duration, Refused> {
+        let Some((mut inner, eff)) = self.gate(tenant, Kind::Queues)? else { return Ok(std::time::Duration::ZERO) };
         if let Some(quota) = eff.limits.stored_bytes {
             let usage = inner.usage.stored.get(&tenant.0).copied().unwrap_or(0);
             if usage >= quota {
@@ -363,7 +390,7 @@ impl Quotas {
         if !new.is_empty() {
             inner.usage.queues.entry(tenant.0).or_default().extend(new.into_iter().map(str::to_string));
         }
-        Ok(())
+        Ok(self.debt(&mut inner, tenant, &eff).unwrap_or_default())
     }
 
     /// The first steps of every check: nothing to check (no limit
@@ -621,11 +648,20 @@ mod tests {
     fn a_throttled_push_goes_into_debt_and_says_how_long_paying_it_takes() {
         let (q, t) = quotas(&[(Kind::Queues, KindRow { enabled: true, set: vec![(Limit::PushMessages, Some(10))] })]);
         assert_eq!(q.push_debt(t), None);
-        assert_eq!(q.push_throttled(t, &["a"], 30, 0), Ok(()), "admitted past the rate");
+        let owed = q.push_throttled(t, &["a"], 30, 0).expect("admitted past the rate");
+        assert!(owed > std::time::Duration::from_millis(1900) && owed <= std::time::Duration::from_secs(2), "{owed:?}");
         let debt = q.push_debt(t).expect("in debt");
-        assert!(debt > std::time::Duration::from_millis(1900) && debt <= std::time::Duration::from_secs(2), "{debt:?}");
+        assert!(debt > std::time::Duration::from_millis(1900) && debt <= owed, "{debt:?}");
         assert!(matches!(q.push(t, &["a"], 1, 0), Err(Refused::Rate { .. })), "an HTTP push is refused meanwhile");
         assert_eq!(q.push_debt(Tenant(Uuid::from_u128(8))), None, "another tenant owes nothing");
+        // Paid (as if two seconds had passed): the tenant is out of debt, and
+        // the check before each Kafka frame is back to one atomic load.
+        for b in q.inner.lock().unwrap().usage.buckets.values_mut() {
+            b.at -= std::time::Duration::from_secs(3);
+        }
+        assert_eq!(q.debtors.load(Ordering::Relaxed), 1);
+        assert_eq!(q.push_debt(t), None);
+        assert_eq!(q.debtors.load(Ordering::Relaxed), 0, "no debtor left");
     }
 
     #[test]
