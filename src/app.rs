@@ -222,14 +222,14 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
         Arc::new(crate::cluster::Cluster::silent())
     };
     let cluster_end = cluster.clone();
-    let state = AppState { config: Arc::new(config), cluster, pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
+    let state = AppState::new(crate::http::Shared { config: Arc::new(config), cluster, pool: store.pool.clone(), coalescer: coalescer.clone(), pop: pop.clone(), ack,
         telemetry: crate::metrics::Telemetry::global(), spool,
         push_maintenance: push_maintenance.clone(),
         inflight: Arc::new(crate::http::limits::InFlight::new(&config_limits)),
         traces: crate::reads::traces::TraceWriter::new(store.pool.clone()), switches,
         kv: crate::kv::KvWriter::new(store.pool.clone(), config_kv.limits.clone(), config_kv.writers),
         ephemeral: Arc::new(crate::ephemeral::Ephemeral::new(config_ephemeral)),
-        owners: Arc::new(crate::tenancy::Owners::default()), quotas };
+        owners: Arc::new(crate::tenancy::Owners::default()), quotas });
     spawn_spool_replayer(state.clone(), flush_every, stop_services.subscribe());
     spawn_timer_fire(state.clone(), stop_services.subscribe());
     spawn_ephemeral_sweeper(state.ephemeral.clone(), stop_services.subscribe());
