@@ -28,17 +28,16 @@ async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Option<Value
     r.json().await.ok()
 }
 
-/// Whether a POST of `body` answered 2xx with `"success": true`.
-async fn succeeded(client: &reqwest::Client, url: &str, body: String) -> bool {
+/// Whether a POST of `body` to `path` answered 2xx with `"success": true`.
+async fn succeeded(client: &mut crate::lean::Lean, path: &str, body: String) -> bool {
     #[derive(serde::Deserialize)]
     struct Answer {
         success: bool,
     }
-    let Ok(r) = client.post(url).header("content-type", "application/json").body(body).send().await else { return false };
-    if !r.status().is_success() {
-        return false;
+    match client.post(path, "application/json", body, None).await {
+        Some((200..=299, b)) => serde_json::from_slice::<Answer>(&b).is_ok_and(|a| a.success),
+        _ => false,
     }
-    r.bytes().await.ok().and_then(|b| serde_json::from_slice::<Answer>(&b).ok()).is_some_and(|a| a.success)
 }
 
 /// KV calls per second with `concurrency` clients for `limit`.
@@ -56,22 +55,22 @@ pub async fn kv(url: &str, mode: KvMode, concurrency: usize, limit: Duration) {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..concurrency {
-        let (calls, ops, errors, endpoint, ns) = (calls.clone(), ops.clone(), errors.clone(), endpoint.clone(), ns.clone());
+        let (calls, ops, errors, ns) = (calls.clone(), ops.clone(), errors.clone(), ns.clone());
+        let mut client = crate::lean::Lean::new(url);
         tasks.push(tokio::spawn(async move {
-            let client = reqwest::Client::new();
             let mut i = 0u64;
             while started.elapsed() < limit {
-                // The body as text and only the answer's `success` read: the
-                // load generator shares the machine with what it measures,
-                // so it spends as little per call as it can (the namespace
-                // and keys are plain ASCII).
+                // The body as text, only the answer's `success` read, and a
+                // lean client (`lean.rs`): the load generator shares the
+                // machine with what it measures, so it spends as little per
+                // call as it can (the namespace and keys are plain ASCII).
                 let body = match mode {
                     KvMode::Put => format!(r#"{{"operations":[{{"op":"put","ns":"{ns}","key":"c{c}-k{}","value":{{"n":{i}}},"forever":true}}]}}"#, i % 1000),
                     KvMode::Get => format!(r#"{{"operations":[{{"op":"get","ns":"{ns}","key":"c{c}-k{}"}}]}}"#, i % 100),
                     KvMode::Batch => json!({"operations": (0..100).map(|k| json!({"op": "put", "ns": ns, "key": format!("c{c}-k{k}"), "value": {"n": i}, "forever": true})).collect::<Vec<_>>()}).to_string(),
                 };
                 let n = if mode == KvMode::Batch { 100 } else { 1 };
-                if succeeded(&client, &endpoint, body).await {
+                if succeeded(&mut client, "/api/v1/kv", body).await {
                     calls.fetch_add(1, Ordering::Relaxed);
                     ops.fetch_add(n, Ordering::Relaxed);
                 } else {

@@ -14,6 +14,8 @@ use clap::{Parser, Subcommand};
 mod coordination;
 #[path = "../bench/ephemeral.rs"]
 mod ephemeral;
+#[path = "../bench/lean.rs"]
+mod lean;
 #[path = "../bench/streams.rs"]
 mod streams;
 use serde_json::json;
@@ -598,8 +600,9 @@ async fn push(
     let peak_rss = rss_sampler(url, deadline);
     let mut tasks = Vec::new();
     for c in 0..concurrency {
-        let client = reqwest::Client::builder().pool_max_idle_per_host(1).build().expect("http client builds");
-        let endpoint = format!("{url}/api/v1/push");
+        // The lean client (`lean.rs`): the load generator shares the two
+        // cores with what it measures.
+        let mut client = lean::Lean::new(url);
         let base = queue.to_string();
         let payloads = payloads.clone();
         tasks.push(tokio::spawn(async move {
@@ -633,13 +636,8 @@ async fn push(
                     (serde_json::to_vec(&json!({ "items": items })).expect("serializable"), "application/json")
                 };
                 let t = Instant::now();
-                let mut req = client.post(&endpoint).header("content-type", content_type).body(body);
-                if let Some(t) = &tenant {
-                    req = req.header("x-queen-tenant", t);
-                }
-                match req.send().await {
-                    Ok(r) if r.status().as_u16() == 201 => {
-                        let _ = r.bytes().await;
+                match client.post("/api/v1/push", content_type, body, tenant.as_deref().map(|t| ("x-queen-tenant", t))).await {
+                    Some((201, _)) => {
                         sent += batch as u64;
                         latencies.push(t.elapsed());
                     }
@@ -895,8 +893,10 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
     let deadline = started + limit;
     let mut tasks = Vec::new();
     for c in 0..concurrency {
-        let (consumed, url, base) = (consumed.clone(), url.to_string(), queue.clone());
-        let client = reqwest::Client::new();
+        let (consumed, base) = (consumed.clone(), queue.clone());
+        // The lean client (`lean.rs`): the load generator shares the two
+        // cores with what it measures.
+        let mut client = lean::Lean::new(url);
         tasks.push(tokio::spawn(async move {
             let auto_ack = mode != Mode::Leased;
             let frames = if mode == Mode::Frames { "&frames=true" } else { "" };
@@ -912,7 +912,7 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                 .map(|&q| {
                     let (queue, tenant) = if tenants > 0 { (base.clone(), Some(bench_tenant(q))) } else { (queue_of(&base, queues, q), None) };
                     let query = format!("batch={batch}&partitions={pop_partitions}&consumerGroup={group}&autoAck={auto_ack}{frames}{wait}");
-                    (format!("{url}/api/v1/pop/queue/{queue}?{query}"), tenant)
+                    (format!("/api/v1/pop/queue/{queue}?{query}"), tenant)
                 })
                 .collect();
             let mut turn = 0usize;
@@ -921,12 +921,9 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                 let (pop, tenant) = &pops[turn % pops.len()];
                 turn += 1;
                 // The tenant of this pop, on it and on its ack (`--tenants`).
-                let in_tenant = |req: reqwest::RequestBuilder| match tenant {
-                    Some(t) => req.header("x-queen-tenant", t),
-                    None => req,
-                };
-                let Ok(r) = in_tenant(client.get(pop)).send().await else { continue };
-                if r.status().as_u16() != 200 {
+                let tenant = tenant.as_deref().map(|t| ("x-queen-tenant", t));
+                let Some((status, bytes)) = client.get(pop, tenant).await else { continue };
+                if status != 200 {
                     // Nothing there: back off, once per round of its queues.
                     if turn % pops.len() == 0 {
                         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -935,26 +932,20 @@ async fn consume(url: &str, messages: usize, partitions: usize, batch: usize, po
                 }
                 first.get_or_insert_with(|| started.elapsed());
                 if mode == Mode::Frames {
-                    let body = r.bytes().await.expect("pop answer");
-                    consumed.fetch_add(count_framed(&body), std::sync::atomic::Ordering::Relaxed);
+                    consumed.fetch_add(count_framed(&bytes), std::sync::atomic::Ordering::Relaxed);
                     continue;
                 }
-                let bytes = r.bytes().await.expect("pop answer");
                 let answer: PopAnswer = serde_json::from_slice(&bytes).expect("pop answer is JSON");
                 if trace {
                     for m in &answer.messages {
                         let body = json!({"transactionId": m.transaction_id, "partitionId": m.partition_id, "consumerGroup": group,
                                           "traceNames": ["bench"], "eventType": "processed", "data": {"step": "handled"}});
-                        let r = client.post(format!("{url}/api/v1/traces")).json(&body).send().await;
-                        assert!(r.map(|r| r.status().is_success()).unwrap_or(false), "a trace was refused");
+                        let r = client.post("/api/v1/traces", "application/json", body.to_string(), None).await;
+                        assert!(matches!(r, Some((200..=299, _))), "a trace was refused");
                     }
                 }
                 if !auto_ack {
-                    let _ = in_tenant(client.post(format!("{url}/api/v1/ack/batch")))
-                        .header("content-type", "application/json")
-                        .body(ack_body(&answer, group))
-                        .send()
-                        .await;
+                    let _ = client.post("/api/v1/ack/batch", "application/json", ack_body(&answer, group), tenant).await;
                 }
                 consumed.fetch_add(answer.messages.len(), std::sync::atomic::Ordering::Relaxed);
             }
