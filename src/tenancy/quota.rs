@@ -294,6 +294,10 @@ pub struct Quotas {
     /// Kafka listener asks before every frame whether its tenant is in
     /// debt, and while nobody is, that costs one atomic load.
     debtors: AtomicUsize,
+    /// Held through a whole [`Quotas::sample`]: samples run one after
+    /// another, so one that read the rows before a quota was stored can no
+    /// longer land after the sample of that store and put the old rows back.
+    sampling: tokio::sync::Mutex<()>,
 }
 
 impl Quotas {
@@ -303,6 +307,7 @@ impl Quotas {
             active: AtomicBool::new(defaults != QuotaLimits::default()),
             inner: Mutex::new(Inner { brokers: 1, ..Default::default() }),
             debtors: AtomicUsize::new(0),
+            sampling: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -488,6 +493,7 @@ impl Quotas {
     /// Reloads the rows, counts the live brokers and samples the totals
     /// the limits in force need.
     pub async fn sample(&self, pool: &Pool) -> Result<(), DbError> {
+        let _one_at_a_time = self.sampling.lock().await;
         let client = pool.get().await?;
         let rows = client.query("SELECT tenant_id, kind, enabled, limits::text FROM queen.tenant_quotas", &[]).await?;
         let mut by_tenant: HashMap<Uuid, HashMap<Kind, KindRow>> = HashMap::new();
