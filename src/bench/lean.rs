@@ -20,13 +20,16 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 type Conn = Connection<TokioIo<TcpStream>, Full<Bytes>>;
+/// An open connection: where requests go in, and the connection's own
+/// future, which must be polled for anything to move.
+type Open = (SendRequest<Full<Bytes>>, Pin<Box<Conn>>);
 
 /// One keep-alive connection to the broker, opened when first needed and
 /// opened again after a failure.
 pub struct Lean {
     /// `host:port` of the broker.
     addr: String,
-    open: Option<(SendRequest<Full<Bytes>>, Pin<Box<Conn>>)>,
+    open: Option<Open>,
 }
 
 impl Lean {
