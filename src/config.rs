@@ -599,7 +599,7 @@ impl Config {
                 zstd_level: env.parse(&["QUEEN_V2_ZSTD_LEVEL"], 3i32, "a zstd level from 1 to 19", |v| {
                     (1..=19).contains(v)
                 })?,
-                group_writers: env.parse(&["QUEEN_PUSH_GROUP_WRITERS"], 2usize, "a count of at least 1", |v| *v >= 1)?,
+                group_writers: env.parse(&["QUEEN_PUSH_GROUP_WRITERS"], 1usize, "a count of at least 1", |v| *v >= 1)?,
                 dedup_entries: env.parse(&["QUEEN_DEDUP_MEMORY_ENTRIES"], 16_000_000usize, "a count of at least 1000", |v| {
                     *v >= 1000
                 })?,
@@ -777,7 +777,7 @@ impl Config {
         ("QUEEN_V2_FUSION_HOLD_MS", "0", "ms an idle partition's first write waits for company (0: batch only what piles up behind an in-flight write)"),
         ("QUEEN_V2_FUSION_FRAMES", "500", "most messages in one coalesced segment"),
         ("QUEEN_V2_FUSION_BYTES", "4194304", "most uncompressed bytes in one coalesced segment"),
-        ("QUEEN_PUSH_GROUP_WRITERS", "2", "most group commits (several partitions' segments in one transaction) in flight (measured: docs/DECISIONS.md)"),
+        ("QUEEN_PUSH_GROUP_WRITERS", "1", "most group commits (several partitions' segments in one transaction) in flight (measured: docs/DECISIONS.md)"),
         ("QUEEN_ACK_GROUP_WRITERS", "2", "most shared ack commits (several requests' acks in one transaction) in flight (measured: docs/DECISIONS.md)"),
         ("QUEEN_V2_ZSTD_LEVEL", "3", "zstd level of segment compression"),
         ("QUEEN_DEDUP_MEMORY_ENTRIES", "16000000", "most transactionIds the broker remembers for the dedup windows of the partitions it writes (about 40 bytes each); past it the least recently written partitions are forgotten and checked in PostgreSQL on their next write"),
