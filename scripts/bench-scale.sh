@@ -40,6 +40,18 @@
 #     after the wide queue's retention is set to 1 s, while retention
 #     removes its segments (p99 during the pass; the pass is timed to its
 #     end), and once more after it.
+#   idle-groups: the broker's memory per idle consumer group: one queue of
+#     10 partitions, then GROUPS_IDLE (10,000) groups each popping it once
+#     (autoAck, batch 1: first contact registers the group and seeds its
+#     cursors, the pop builds its ring), then idle; the broker's RSS before
+#     and after, and PostgreSQL's cursor and subscription bytes, per group.
+#   volume: push at batch 100 to 10 partitions, in runs of VOLUME_CHUNK (60) s, until
+#     VOLUME_MESSAGES (100,000,000) messages are stored: the baseline for
+#     "partitions" at the same volume. Creating 1,000,000 partitions at batch
+#     100 writes 100,000,000 messages, and the database's growth alone slows
+#     any push (the 10-partition rate after it is about 0.73 of the rate
+#     before); run it alone (CASES=volume, a fresh cluster) with
+#     VOLUME_MESSAGES set to what the creating runs pushed.
 DURATION=${DURATION:-15}
 PARTITIONS_MANY=${PARTITIONS_MANY:-1000000}
 CASES=${CASES:-partitions queues groups drain passes}
@@ -156,6 +168,46 @@ if wants passes; then
     until [ $(( $(removed) - before )) -ge "$segments" ] || [ $(( $(date +%s) - started )) -gt 1800 ]; do sleep 1; done
     echo "retention pass: $(( $(removed) - before )) segments removed in $(( $(date +%s) - started )) s"
     push_p99 "after the pass"
+    stop_broker
+fi
+
+if wants idle-groups; then
+    start_broker
+    q=scale-idle-groups
+    "$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 --duration 2 --queue "$q" >/dev/null
+    curl -s -o /dev/null "$BROKER_URL/api/v1/pop/queue/$q?consumerGroup=first&batch=1&autoAck=true"
+    sleep 15
+    before=$(rss_kb)
+    bytes() { "${PSQL[@]}" -Atc "SELECT pg_total_relation_size('queen.consumers') + pg_total_relation_size('queen.subscriptions')"; }
+    db_before=$(bytes)
+    n=${GROUPS_IDLE:-10000}
+    started=$(date +%s)
+    seq 1 "$n" | xargs -P 8 -I{} curl -s -o /dev/null -w '%{http_code}\n' \
+        "$BROKER_URL/api/v1/pop/queue/$q?consumerGroup=idle{}&batch=1&autoAck=true" | sort | uniq -c
+    echo "$n groups popped once in $(( $(date +%s) - started )) s"
+    sleep 15 # idle: background passes settle
+    after=$(rss_kb)
+    db_after=$(bytes)
+    echo "== broker RSS: $((before / 1024)) MB before, $((after / 1024)) MB with $n idle groups:" \
+        "$(( (after - before) * 1024 / n )) bytes per group"
+    echo "== cursors and subscriptions: $(( (db_after - db_before) / n )) bytes per group in PostgreSQL (10 partitions)"
+    stop_broker
+fi
+
+if wants volume; then
+    start_broker
+    target=${VOLUME_MESSAGES:-100000000}
+    pushed=0
+    spent=0
+    echo "== push, 10 partitions, until $target messages"
+    while [ "$pushed" -lt "$target" ]; do
+        line=$("$BENCH" --url "$BROKER_URL" push --batch 100 --partitions 10 --concurrency 8 --duration "${VOLUME_CHUNK:-60}" --queue scale-volume \
+            | grep '^{' | tail -1)
+        pushed=$((pushed + $(echo "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["messages"])')))
+        spent=$(echo "$spent $line" | python3 -c 'import json,sys; a,b=sys.stdin.read().split(" ",1); print(float(a)+json.loads(b)["seconds"])')
+        echo "$pushed messages in $spent s"
+    done
+    echo "volume: $pushed messages to 10 partitions in $spent s: $(python3 -c "print(round($pushed / $spent))") msg/s"
     stop_broker
 fi
 
