@@ -48,10 +48,12 @@
 #   volume: push at batch 100 to 10 partitions, in runs of VOLUME_CHUNK (60) s, until
 #     VOLUME_MESSAGES (100,000,000) messages are stored: the baseline for
 #     "partitions" at the same volume. Creating 1,000,000 partitions at batch
-#     100 writes 100,000,000 messages, and the database's growth alone slows
-#     any push (the 10-partition rate after it is about 0.73 of the rate
-#     before); run it alone (CASES=volume, a fresh cluster) with
-#     VOLUME_MESSAGES set to what the creating runs pushed.
+#     100 writes at least 100,000,000 messages (about 151,000,000 measured:
+#     the creating runs go by time), and the database's growth alone slows
+#     any push (a 10-partition push of that volume falls from about 206,000
+#     msg/s in its first minute to 153,000-180,000 in its last); run it
+#     alone (CASES=volume, a fresh cluster) with VOLUME_MESSAGES set to what
+#     the creating runs pushed (their lines' "messages" summed).
 DURATION=${DURATION:-15}
 PARTITIONS_MANY=${PARTITIONS_MANY:-1000000}
 CASES=${CASES:-partitions queues groups drain passes}
