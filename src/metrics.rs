@@ -27,6 +27,11 @@ pub const REQUEST_DURATION: &str = "queen_http_request_duration_seconds";
 pub const SEGMENT_MESSAGES: &str = "queen_segment_messages";
 /// Segments written by one group commit (push path).
 pub const GROUP_SEGMENTS: &str = "queen_push_group_segments";
+/// Segments the one-statement write passed over because the partition was
+/// no longer what the broker's dedup memory said (another broker wrote it,
+/// the queue's window widened, the partition is gone); each went through
+/// the checking function in a second commit (`push::group`).
+pub const PUSH_KNOWN_MISSED: &str = "queen_push_known_missed_segments_total";
 /// Where a push's time goes, by `stage`: `lane` (queued behind its
 /// partition's in-flight write and the hold), `group` (its segment waiting
 /// for a group writer), `pool` (the writer waiting for a connection) and

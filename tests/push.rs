@@ -365,8 +365,15 @@ async fn thin_pushes_over_many_partitions_are_group_committed_gap_free() {
     assert_eq!(grouped as i64, segments, "every segment went through a group commit");
     assert!(groups < grouped, "{groups} group commits for {grouped} segments: no group carried two");
     drop(sql);
+    assert_eq!(metric("queen_push_known_missed_segments_total"), 0.0, "one broker's memory is never behind its partitions");
     let calls = common::calls_after_exit(&mut b).await;
-    assert_eq!(calls("push_segments_of_queues_v1") as f64, groups, "one call a group, whatever queues it spans");
+    // A group is one call of each kind it holds: segments the dedup memory
+    // covers (one statement) and segments it does not (the checking function).
+    let (known, checked) = (calls("push_known_segments_v1"), calls("push_segments_of_queues_v1"));
+    assert!(known > 0 && checked > 0, "{known} known writes, {checked} checked");
+    assert!((known + checked) as f64 <= 2.0 * groups, "{known} + {checked} calls for {groups} groups");
+    assert!(known as f64 <= groups && checked as f64 <= groups, "at most one call of each kind a group, whatever queues it spans");
+    assert!(checked <= (QUEUES * PARTITIONS) as i64, "{checked} checked calls: only a partition's first write needs one");
     assert_eq!(calls("push_segment_without_window_v1"), 0, "every queue keeps a window");
 }
 
@@ -658,8 +665,9 @@ async fn unknown_api_routes_answer_json_404() {
 }
 
 /// A queue with a dedup window (or one not yet known) is written through
-/// `push_segments_of_queues_v1`, and a duplicate the broker remembers is
-/// answered without a write; once the broker knows a queue keeps no window,
+/// `push_segments_of_queues_v1` until the broker's dedup memory covers the
+/// partition, then through `push_known_segments_v1`, and a duplicate the
+/// broker remembers is answered without a write; once the broker knows a queue keeps no window,
 /// its segments go to `push_segment_without_window_v1`, which keeps no
 /// hashes. The previous version's names are wrappers nothing here calls. What is known
 /// outlives the partition's lane (each push here finds its lane gone).
@@ -699,7 +707,8 @@ async fn each_queue_is_written_through_the_function_its_window_calls_for() {
     assert_eq!(hashed, vec![("dd".to_string(), 4), ("w0".to_string(), 0)], "only a queue with a window stores hashes");
     drop(sql);
     let calls = common::calls_after_exit(&mut b).await;
-    assert_eq!(calls("push_segments_of_queues_v1"), 5, "dd's four writes and w0's first (its window not yet known)");
+    assert_eq!(calls("push_segments_of_queues_v1"), 2, "dd's first write and w0's first (nothing known of either)");
+    assert_eq!(calls("push_known_segments_v1"), 3, "dd's writes its dedup memory covers");
     assert_eq!(calls("push_segment_without_window_v1"), 3, "w0's writes once its window is known");
     let wrappers = (calls("push_segments_with_memory_v1"), calls("push_segments_v2"), calls("push_segment_v1"));
     assert_eq!(wrappers, (0, 0, 0), "the one-queue functions are the previous versions'");
@@ -744,13 +753,16 @@ async fn two_brokers_on_one_partition_store_each_id_once_and_answer_the_original
             assert_eq!(second[&txn].0, "queued", "{txn}");
         }
     }
-    // a's memory is behind b's write: PostgreSQL checks what a has not seen.
+    // a's memory is behind b's write: its one-statement write passes the
+    // partition over, and PostgreSQL checks what a has not seen.
     let third = push_ids(&a, 60..80).await;
     for i in 60..80 {
         let txn = format!("id-{i}");
         let want = if i < 75 { ("duplicate".to_string(), second[&txn].1.clone()) } else { ("queued".to_string(), third[&txn].1.clone()) };
         assert_eq!(third[&txn], want, "{txn}");
     }
+    let missed = common::sample(&a.prometheus().await, "queen_push_known_missed_segments_total");
+    assert_eq!(missed, Some(1.0), "a's known write of 60..80 was passed over once, then checked");
     // And after a restart a remembers nothing.
     a.restart().await;
     let again = push_ids(&a, 0..10).await;
@@ -807,6 +819,42 @@ async fn ids_a_failover_lost_are_new_again_and_their_offsets_mean_the_new_messag
     assert_eq!(push("kept").await.0, "duplicate");
     let stored: Vec<String> = stored_messages(&b.sql().await, "lag", "p").await.into_iter().map(|m| m.transaction_id).collect();
     assert_eq!(stored, ["kept", "other", "lost"]);
+}
+
+/// The one-statement write trusts the broker's dedup memory only as far as
+/// the window it kept: after the queue's window is widened (through another
+/// broker, so this one still sees the old window), an id the
+/// memory has let go of (it left the old window) is still in the new one,
+/// so the write passes the partition over and PostgreSQL's check refuses
+/// the id with its original's message id.
+#[tokio::test]
+async fn a_window_widened_under_the_memory_is_checked_by_postgres() {
+    // No purge pass: the hashes of the old window must stay in the segments.
+    let b = Broker::start_with(&[("RETENTION_INTERVAL", "3600000")]).await;
+    assert_eq!(b.post("/api/v1/configure", json!({"queue": "ww", "options": {"dedupWindowSeconds": 1}})).await.0, 200);
+    let push = |txn: &'static str| {
+        let b = &b;
+        async move {
+            let (status, answer) =
+                b.post("/api/v1/push", json!({"items": [{"queue": "ww", "partition": "p", "payload": txn, "transactionId": txn}]})).await;
+            assert_eq!(status, 201, "{answer}");
+            (answer[0]["status"].as_str().unwrap().to_string(), answer[0]["messageId"].as_str().unwrap().to_string())
+        }
+    };
+    let (status, original) = push("x").await;
+    assert_eq!(status, "queued");
+    // The memory keeps a hash 5 s past its window (push::dedup's EDGE_US).
+    tokio::time::sleep(Duration::from_millis(6500)).await;
+    // y's write lets x go from the memory (it left the one-second window).
+    assert_eq!(push("y").await.0, "queued");
+    // Widened through another broker: this one still sees the old window.
+    let other = b.peer().await;
+    assert_eq!(other.post("/api/v1/configure", json!({"queue": "ww", "options": {"dedupWindowSeconds": 3600}})).await.0, 200);
+    assert_eq!(push("x").await, ("duplicate".to_string(), original), "x is inside the widened window");
+    let missed = common::sample(&b.prometheus().await, "queen_push_known_missed_segments_total");
+    assert_eq!(missed, Some(1.0), "the memory's window was narrower than the queue's: the write was checked");
+    let stored: Vec<String> = stored_messages(&b.sql().await, "ww", "p").await.into_iter().map(|m| m.transaction_id).collect();
+    assert_eq!(stored, ["x", "y"]);
 }
 
 /// A broker of the previous version, during a rolling upgrade, still calls

@@ -78,6 +78,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(42, "0042_tenant_quotas.sql"),
     migration!(43, "0043_kafka_producer_tenants.sql"),
     migration!(44, "0044_kv_put_many.sql"),
+    migration!(45, "0045_push_known_segments.sql"),
 ];
 
 /// The first migration of the development history squashed into the

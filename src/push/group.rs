@@ -27,7 +27,10 @@ use deadpool_postgres::{GenericClient, Pool};
 use tokio::sync::oneshot;
 
 use super::dedup::{Answer, Known};
-use super::segment::{append_segment, append_with_memory, keeps_no_window, Appended, PushError, MemorySegment, PUSH_SQL, PUSH_WITH_MEMORY_SQL};
+use super::segment::{
+    append_known, append_segment, append_with_memory, keeps_no_window, Appended, MemorySegment, PushError, PUSH_KNOWN_SQL, PUSH_SQL,
+    PUSH_WITH_MEMORY_SQL,
+};
 use crate::db::share::{Share, Shared};
 use crate::db::DbError;
 
@@ -143,49 +146,98 @@ impl Inner {
         };
         stage("pool", asked);
         let writing = Instant::now();
-        // Partitions in (queue, partition) byte order, the function's lock
-        // order: one call for the whole group, or, for a group of fewer
-        // than MULTI_MIN segments of queues known to keep no window, a
-        // single call each.
+        // Segments the known write passed over go once more, through the
+        // function that checks what the memory cannot (a second commit, for
+        // the few whose partition moved under the memory).
+        let missed = self.write_once(&client, jobs, true).await;
+        if !missed.is_empty() {
+            metrics::counter!(crate::metrics::PUSH_KNOWN_MISSED).increment(missed.len() as u64);
+            self.write_once(&client, missed, false).await;
+        }
+        stage("write", writing);
+    }
+
+    /// Writes `jobs` in one transaction and answers each; returns the ones
+    /// `push_known_segments_v1` passed over, unanswered (none when `known`
+    /// is false: every segment then goes through the checking function).
+    async fn write_once(&self, client: &deadpool_postgres::Client, jobs: Vec<Job>, known: bool) -> Vec<Job> {
+        // Partitions in (queue, partition) byte order, the functions' lock
+        // order. Segments the dedup memory covers go in one known write;
+        // the rest in one checking call or, for fewer than MULTI_MIN
+        // segments of queues known to keep no window, a single call each.
         let mut order: Vec<usize> = (0..jobs.len()).collect();
         order.sort_by(|&a, &b| (&jobs[a].queue, &jobs[a].partition).cmp(&(&jobs[b].queue, &jobs[b].partition)));
-        let calls: Vec<Vec<usize>> = if order.len() < MULTI_MIN && order.iter().all(|&j| keeps_no_window(jobs[j].window)) {
-            order.into_iter().map(|j| vec![j]).collect()
+        let (covered, rest): (Vec<usize>, Vec<usize>) = order.into_iter().partition(|&j| known && jobs[j].known.is_some());
+        let mut calls = Vec::new();
+        if !covered.is_empty() {
+            calls.push(Call::Known(covered));
+        }
+        if rest.len() < MULTI_MIN && rest.iter().all(|&j| keeps_no_window(jobs[j].window)) {
+            calls.extend(rest.into_iter().map(|j| Call::Checked(vec![j])));
+        } else if !rest.is_empty() {
+            calls.push(Call::Checked(rest));
+        }
+        let result = if let [only] = calls.as_slice() {
+            run(client, &jobs, only).await.map(|r| vec![r])
         } else {
-            vec![order]
+            write_in_transaction(client, &jobs, &calls).await
         };
-        let result = if calls.len() == 1 {
-            call(&client, &jobs, &calls[0]).await.map(|r| vec![r])
-        } else {
-            write_in_transaction(&client, &jobs, &calls).await
-        };
-        stage("write", writing);
         match result {
             Ok(results) => {
                 let mut replies: Vec<Option<Appended>> = jobs.iter().map(|_| None).collect();
-                for (members, writes) in calls.iter().zip(results) {
-                    for (&j, w) in members.iter().zip(writes) {
-                        replies[j] = Some(w);
+                for (call, writes) in calls.iter().zip(results) {
+                    for (&j, w) in call.members().iter().zip(writes) {
+                        replies[j] = w;
                     }
                 }
+                let mut missed = Vec::new();
                 for (job, w) in jobs.into_iter().zip(replies) {
-                    let _ = job.reply.send(w.ok_or_else(|| Arc::new(PushError::Lost)));
+                    match w {
+                        Some(w) => {
+                            let _ = job.reply.send(Ok(w));
+                        }
+                        None if known && job.known.is_some() => missed.push(job),
+                        None => {
+                            let _ = job.reply.send(Err(Arc::new(PushError::Lost)));
+                        }
+                    }
                 }
+                missed
             }
             Err(e) => {
                 let e = PushError::Db(e);
                 if jobs.len() == 1 || e.database_unreachable() {
-                    return fail_all(jobs, Arc::new(e));
+                    fail_all(jobs, Arc::new(e));
+                    return Vec::new();
                 }
                 tracing::debug!(error = %e, segments = jobs.len(), "group write failed; writing its segments one by one");
                 for job in jobs {
-                    let r = call(&client, std::slice::from_ref(&job), &[0]).await;
+                    let r = run(client, std::slice::from_ref(&job), &Call::Checked(vec![0])).await;
                     let r = r
                         .map_err(|e| Arc::new(PushError::Db(e)))
-                        .and_then(|mut w| w.pop().ok_or_else(|| Arc::new(PushError::Lost)));
+                        .and_then(|mut w| w.pop().flatten().ok_or_else(|| Arc::new(PushError::Lost)));
                     let _ = job.reply.send(r);
                 }
+                Vec::new()
             }
+        }
+    }
+}
+
+/// One call of a group write: members are indexes into the group's jobs,
+/// in lock order.
+enum Call {
+    /// Segments the dedup memory covers: `push_known_segments_v1`.
+    Known(Vec<usize>),
+    /// Any segments: `push_segments_of_queues_v1`, or for a lone segment
+    /// of a queue without a window `push_segment_without_window_v1`.
+    Checked(Vec<usize>),
+}
+
+impl Call {
+    fn members(&self) -> &[usize] {
+        match self {
+            Call::Known(m) | Call::Checked(m) => m,
         }
     }
 }
@@ -208,15 +260,15 @@ fn fail_all(jobs: Vec<Job>, e: Arc<PushError>) {
 async fn write_in_transaction(
     client: &deadpool_postgres::Client,
     jobs: &[Job],
-    calls: &[Vec<usize>],
-) -> Result<Vec<Vec<Appended>>, DbError> {
+    calls: &[Call],
+) -> Result<Vec<Vec<Option<Appended>>>, DbError> {
     // Statements are prepared (cached) first, so that each call below sends
     // its query on first poll, in order, between BEGIN and COMMIT.
-    for sql in [PUSH_SQL, PUSH_WITH_MEMORY_SQL] {
+    for sql in [PUSH_SQL, PUSH_WITH_MEMORY_SQL, PUSH_KNOWN_SQL] {
         client.prepare_cached(sql).await?;
     }
     let begin = client.batch_execute("BEGIN");
-    let writes = futures_util::future::join_all(calls.iter().map(|members| call(client, jobs, members)));
+    let writes = futures_util::future::join_all(calls.iter().map(|c| run(client, jobs, c)));
     let commit = client.batch_execute("COMMIT");
     let (begun, results, committed) = tokio::join!(begin, writes, commit);
     let results = results.into_iter().collect::<Result<Vec<_>, _>>();
@@ -226,22 +278,29 @@ async fn write_in_transaction(
     Ok(results)
 }
 
-/// One call for `members` (indexes into `jobs`, in lock order, see
-/// `write_group`): each member's outcome, in `members` order.
-async fn call(client: &impl GenericClient, jobs: &[Job], members: &[usize]) -> Result<Vec<Appended>, DbError> {
-    if let [j] = members {
-        let job = &jobs[*j];
-        if keeps_no_window(job.window) {
-            let write = append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob).await?;
-            return Ok(vec![Appended { write, answer: Answer::default(), at_us: None }]);
+/// One call: each member's outcome, in member order (None: a known
+/// segment the function passed over).
+async fn run(client: &impl GenericClient, jobs: &[Job], call: &Call) -> Result<Vec<Option<Appended>>, DbError> {
+    let segments = |members: &[usize]| -> Vec<MemorySegment> {
+        members
+            .iter()
+            .map(|&j| {
+                let job = &jobs[j];
+                MemorySegment { queue: &job.queue, partition: &job.partition, hashes: &job.hashes, blob: &job.blob, known: job.known }
+            })
+            .collect()
+    };
+    match call {
+        Call::Known(members) => append_known(client, &segments(members)).await,
+        Call::Checked(members) => {
+            if let [j] = members.as_slice() {
+                let job = &jobs[*j];
+                if keeps_no_window(job.window) {
+                    let write = append_segment(client, &job.queue, &job.partition, &job.hashes, &job.blob).await?;
+                    return Ok(vec![Some(Appended { write, answer: Answer::default(), at_us: None })]);
+                }
+            }
+            Ok(append_with_memory(client, &segments(members)).await?.into_iter().map(Some).collect())
         }
     }
-    let segments: Vec<MemorySegment> = members
-        .iter()
-        .map(|&j| {
-            let job = &jobs[j];
-            MemorySegment { queue: &job.queue, partition: &job.partition, hashes: &job.hashes, blob: &job.blob, known: job.known }
-        })
-        .collect();
-    append_with_memory(client, &segments).await
 }

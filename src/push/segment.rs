@@ -25,6 +25,10 @@ pub(super) const PUSH_SQL: &str = "SELECT * FROM queen.push_segment_without_wind
 /// Segments of any queues, one per partition, checked against each queue's
 /// dedup window (`0034_push_across_queues.sql`).
 pub(super) const PUSH_WITH_MEMORY_SQL: &str = "SELECT * FROM queen.push_segments_of_queues_v1($1, $2, $3, $4, $5, $6, $7, $8)";
+/// Segments whose partitions the dedup memory covers, in one statement; a
+/// segment whose partition is no longer what the memory says is passed over
+/// (`0045_push_known_segments.sql`).
+pub(super) const PUSH_KNOWN_SQL: &str = "SELECT * FROM queen.push_known_segments_v1($1, $2, $3, $4, $5, $6, $7)";
 /// The segment at or below each offset, for a duplicate's original id, and
 /// whether it is inside its queue's window now, by PostgreSQL's clock and
 /// the window as it is now.
@@ -180,6 +184,42 @@ pub(super) async fn append_with_memory(
             Ok(Appended { write, answer, at_us })
         })
         .collect()
+}
+
+/// Appends segments the dedup memory covers (each `known` is Some) with
+/// `queen.push_known_segments_v1`: one round trip and one statement. Each
+/// segment's outcome in order, None for one the function passed over
+/// (nothing of it was written; it needs `append_with_memory`).
+pub(super) async fn append_known(
+    client: &impl deadpool_postgres::GenericClient,
+    segments: &[MemorySegment<'_>],
+) -> Result<Vec<Option<Appended>>, DbError> {
+    let mut known = Vec::with_capacity(segments.len());
+    for s in segments {
+        known.push(s.known.ok_or_else(|| DbError::Unexpected("a segment without memory was sent as known".into()))?);
+    }
+    let pids: Vec<i64> = known.iter().map(|k| k.pid).collect();
+    let lasts: Vec<i64> = known.iter().map(|k| k.last).collect();
+    let windows: Vec<i32> = known.iter().map(|k| k.window).collect();
+    let counts: Vec<i32> = segments.iter().map(|s| s.hashes.len() as i32).collect();
+    let blobs: Vec<&[u8]> = segments.iter().map(|s| s.blob).collect();
+    let firsts: Vec<i32> = counts.iter().scan(1, |next, &n| Some(std::mem::replace(next, *next + n))).collect();
+    let hashes: Vec<i64> = segments.iter().flat_map(|s| s.hashes.iter().copied()).collect();
+    let stmt = client.prepare_cached(PUSH_KNOWN_SQL).await?;
+    let rows = client.query(&stmt, &[&pids, &lasts, &windows, &counts, &blobs, &firsts, &hashes]).await?;
+    let mut out: Vec<Option<Appended>> = segments.iter().map(|_| None).collect();
+    for row in &rows {
+        let s = usize::try_from(row.get::<_, i32>("o_seg") - 1)
+            .ok()
+            .filter(|s| *s < segments.len())
+            .ok_or_else(|| DbError::Unexpected("push_known_segments_v1 named a segment it was not given".into()))?;
+        let (partition_id, window, base_offset): (i64, i32, i64) = (row.get("o_partition_id"), row.get("o_window"), row.get("o_base_offset"));
+        let at: DateTime<Utc> = row.get("o_created_at");
+        metrics::histogram!(crate::metrics::SEGMENT_MESSAGES).record(segments[s].hashes.len() as f64);
+        let answer = Answer { pid: partition_id, window, prev: base_offset - 1, log_start: row.get("o_log_start"), seen: Vec::new() };
+        out[s] = Some(Appended { write: SegmentWrite::Written { partition_id, base_offset, window }, answer, at_us: Some(at.timestamp_micros()) });
+    }
+    Ok(out)
 }
 
 /// The original message ids of the dedup memory's candidates, (offset,
