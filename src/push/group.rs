@@ -16,13 +16,13 @@
 //! this batches exactly what load produces and never waits on a timer: an
 //! idle broker's segment goes out at once.
 //!
-//! Segments whose partitions the broker's dedup memory covers (it wrote
-//! their previous segment: it knows the partition's id, last offset and
-//! window) go in one statement, `queen.push_known_segments_v1`, which skips
+//! A group whose partitions the broker's dedup memory all covers (it wrote
+//! their previous segments: it knows each partition's id, last offset and
+//! window) is one statement, `queen.push_known_segments_v1`, which skips
 //! the lookups and checks of the general function: at batch 1 PostgreSQL
-//! spent most of a group write starting those statements' executors. One
-//! whose partition is no longer what the memory says is passed over and
-//! written again through the checking function in a second commit.
+//! spent most of a group write starting those statements' executors. A
+//! segment whose partition is no longer what the memory says is passed over
+//! and written again through the checking function in a second commit.
 //!
 //! A failed group is retried segment by segment, so one bad segment cannot
 //! fail its neighbours; only when PostgreSQL cannot be reached at all does
@@ -36,8 +36,7 @@ use tokio::sync::oneshot;
 
 use super::dedup::{Answer, Known};
 use super::segment::{
-    append_known, append_segment, append_with_memory, keeps_no_window, Appended, MemorySegment, PushError, PUSH_KNOWN_SQL, PUSH_SQL,
-    PUSH_WITH_MEMORY_SQL,
+    append_known, append_segment, append_with_memory, keeps_no_window, Appended, MemorySegment, PushError, PUSH_SQL, PUSH_WITH_MEMORY_SQL,
 };
 use crate::db::share::{Share, Shared};
 use crate::db::DbError;
@@ -170,21 +169,21 @@ impl Inner {
     /// is false: every segment then goes through the checking function).
     async fn write_once(&self, client: &deadpool_postgres::Client, jobs: Vec<Job>, known: bool) -> Vec<Job> {
         // Partitions in (queue, partition) byte order, the functions' lock
-        // order. Segments the dedup memory covers go in one known write;
-        // the rest in one checking call or, for fewer than MULTI_MIN
+        // order: one known write when the dedup memory covers every
+        // segment; else one checking call or, for fewer than MULTI_MIN
         // segments of queues known to keep no window, a single call each.
+        // A group of both kinds goes whole through the checking function:
+        // two calls would lock its partitions in two sorted runs, and two
+        // brokers writing the same partitions could then deadlock.
         let mut order: Vec<usize> = (0..jobs.len()).collect();
         order.sort_by(|&a, &b| (&jobs[a].queue, &jobs[a].partition).cmp(&(&jobs[b].queue, &jobs[b].partition)));
-        let (covered, rest): (Vec<usize>, Vec<usize>) = order.into_iter().partition(|&j| known && jobs[j].known.is_some());
-        let mut calls = Vec::new();
-        if !covered.is_empty() {
-            calls.push(Call::Known(covered));
-        }
-        if rest.len() < MULTI_MIN && rest.iter().all(|&j| keeps_no_window(jobs[j].window)) {
-            calls.extend(rest.into_iter().map(|j| Call::Checked(vec![j])));
-        } else if !rest.is_empty() {
-            calls.push(Call::Checked(rest));
-        }
+        let calls = if known && order.iter().all(|&j| jobs[j].known.is_some()) {
+            vec![Call::Known(order)]
+        } else if order.len() < MULTI_MIN && order.iter().all(|&j| keeps_no_window(jobs[j].window)) {
+            order.into_iter().map(|j| Call::Checked(vec![j])).collect()
+        } else {
+            vec![Call::Checked(order)]
+        };
         let result = if let [only] = calls.as_slice() {
             run(client, &jobs, only).await.map(|r| vec![r])
         } else {
@@ -272,7 +271,7 @@ async fn write_in_transaction(
 ) -> Result<Vec<Vec<Option<Appended>>>, DbError> {
     // Statements are prepared (cached) first, so that each call below sends
     // its query on first poll, in order, between BEGIN and COMMIT.
-    for sql in [PUSH_SQL, PUSH_WITH_MEMORY_SQL, PUSH_KNOWN_SQL] {
+    for sql in [PUSH_SQL, PUSH_WITH_MEMORY_SQL] {
         client.prepare_cached(sql).await?;
     }
     let begin = client.batch_execute("BEGIN");

@@ -28,7 +28,7 @@ pub(super) const PUSH_WITH_MEMORY_SQL: &str = "SELECT * FROM queen.push_segments
 /// Segments whose partitions the dedup memory covers, in one statement; a
 /// segment whose partition is no longer what the memory says is passed over
 /// (`0045_push_known_segments.sql`).
-pub(super) const PUSH_KNOWN_SQL: &str = "SELECT * FROM queen.push_known_segments_v1($1, $2, $3, $4, $5, $6, $7)";
+const PUSH_KNOWN_SQL: &str = "SELECT * FROM queen.push_known_segments_v1($1, $2, $3, $4, $5, $6, $7)";
 /// The segment at or below each offset, for a duplicate's original id, and
 /// whether it is inside its queue's window now, by PostgreSQL's clock and
 /// the window as it is now.
