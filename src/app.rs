@@ -197,7 +197,7 @@ async fn run(config: Config, store: &Store) -> Result<(), BootError> {
     // The log's gauges, which read the spool too (so they start after it).
     let (p, gauge_spool, walk) = (store.pool.clone(), spool.clone(), Arc::new(std::sync::Mutex::new(crate::maintenance::gauges::Walk::default())));
     let window = config.maintenance_window;
-    crate::maintenance::spawn_service("gauges", config.stats_interval, stop_services.subscribe(), move || {
+    crate::maintenance::spawn_walk_service("gauges", config.stats_interval, crate::maintenance::gauges::SHARE, stop_services.subscribe(), move || {
         let (p, gauge_spool, walk) = (p.clone(), gauge_spool.clone(), walk.clone());
         async move { crate::maintenance::gauges::tick(&p, gauge_spool.as_ref(), &walk, window).await }
     });

@@ -805,7 +805,7 @@ impl Config {
         ("QUEEN_ANALYZE_INTERVAL_MS", "1000", "ms between checks for a partition table grown past twice its planner statistics, which are then refreshed (0 = leave it to autovacuum)"),
         ("QUEEN_ENCRYPTION_KEY", "", "64 hex characters: the AES-256-GCM key that seals the payloads of queues with encryptionEnabled; a malformed key stops the boot"),
         ("QUEEN_ENCRYPTION_KEYS", "", "comma list of older keys (64 hex characters each) still read, never written: a key rotation"),
-        ("STATS_INTERVAL_MS", "10000", "ms between recomputations of the log's Prometheus gauges (per-queue pending, partitions, dead letters; per-group lag); at most 60000"),
+        ("STATS_INTERVAL_MS", "10000", "ms between recomputations of the log's Prometheus gauges (per-queue pending, partitions, dead letters; per-group lag); at most 60000; a tick that takes over 100 ms and more than 5 % of the interval spaces the next out to keep 5 % (about 30 s at 1,000,000 partitions)"),
         ("QUEEN_MAINTENANCE_WINDOW", "50000", "partitions one tick of the log gauges, of the dedup purge's search and one reseed of a candidate ring read, walking in order: each costs the same at any log size, and a log (or queue) larger than this is covered in several (the gauges set once a walk ends)"),
         ("EVICTION_INTERVAL", "60000", "ms between passes of the maxWaitTimeSeconds eviction (messages waited past a queue's limit go to the dead-letter queue)"),
         ("EVICTION_BATCH_SIZE", "1000", "most messages one eviction pass dead-letters"),

@@ -12,11 +12,13 @@
 //! sets the gauges when a walk ends. A log of up to a window's partitions is one
 //! tick's walk, so its gauges are fresh every interval, as they were when
 //! every tick read everything; a larger one's are at most one walk old (at
-//! 1,000,000 partitions, 20 intervals). Why: reading a million partitions
+//! 1,000,000 partitions, 20 ticks). Why: reading a million partitions
 //! and their cursors in one pass took 2-4 s of PostgreSQL and ran back to
 //! back at the default interval, a core's worth beside the pushes and pops
 //! (issue 51); a window costs what 50,000 partitions cost, whatever the log's
-//! size. Every broker of a
+//! size. At that size a tick took 1.3-1.6 s, so ticks are also paced to at
+//! most 5 % of one connection's time ([`SHARE`]): there the gauges are about
+//! ten minutes old at worst. Every broker of a
 //! database exports the same log gauges: aggregate them with `max`, not
 //! `sum`. A queue or group that disappears stops being set, and the
 //! exporter drops its series after [`crate::metrics::GAUGE_IDLE`].
@@ -39,6 +41,13 @@ pub const SPOOL_FILES: &str = "queen_spool_files";
 pub const SPOOL_BYTES: &str = "queen_spool_bytes";
 pub const SPOOL_PENDING: &str = "queen_spool_pending";
 pub const SPOOL_QUARANTINED: &str = "queen_spool_quarantined_files";
+
+/// Most of one connection's time the walk takes (`maintenance::spawn_walk_service`):
+/// a tick over 50,000 partitions of a 1,000,000-partition log took 1.3-1.6 s, so
+/// there ticks come every 26-32 s instead of every `STATS_INTERVAL_MS`, and
+/// a walk (the gauges' age) takes about ten minutes instead of three. A log
+/// whose tick takes under half a second keeps the interval.
+pub const SHARE: f64 = 0.05;
 
 /// A walk's running sums, between ticks: where it stands, each queue's
 /// (partitions, retained messages, pending messages) and each (queue, group)'s
