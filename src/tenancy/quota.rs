@@ -268,8 +268,17 @@ struct Usage {
     /// The queues of the tenants with a queue limit: sampled, plus the ones
     /// this broker created since.
     queues: HashMap<Uuid, HashSet<String>>,
+    /// The queues this broker admitted, until a sample sees them (or
+    /// [`ADMITTED_FOR`] passes: the push that would have created one
+    /// failed). A sample whose read ran before such a push committed would
+    /// otherwise drop the queue from `queues`, and the next new queue would
+    /// pass the count.
+    admitted: HashMap<Uuid, HashMap<String, Instant>>,
     buckets: HashMap<(Uuid, Limit), Bucket>,
 }
+
+/// How long an admitted queue counts without a sample having seen it.
+const ADMITTED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Default)]
 struct Inner {
@@ -393,6 +402,8 @@ impl Quotas {
         let brokers = inner.brokers;
         take(&mut inner.usage.buckets, tenant, &eff, brokers, &[(Limit::PushMessages, messages), (Limit::PushBytes, bytes)], into_debt)?;
         if !new.is_empty() {
+            let now = Instant::now();
+            inner.usage.admitted.entry(tenant.0).or_default().extend(new.iter().map(|q| (q.to_string(), now)));
             inner.usage.queues.entry(tenant.0).or_default().extend(new.into_iter().map(str::to_string));
         }
         Ok(self.debt(&mut inner, tenant, &eff).unwrap_or_default())
@@ -544,6 +555,16 @@ impl Quotas {
         inner.rows = by_tenant;
         inner.brokers = (live.max(1)) as u64;
         inner.usage.stored = stored;
+        // Queues admitted here that the read did not see yet still count.
+        let now = Instant::now();
+        for (tenant, admitted) in &mut inner.usage.admitted {
+            let seen = queues.get(tenant);
+            admitted.retain(|q, at| !seen.is_some_and(|s| s.contains(q)) && now.duration_since(*at) < ADMITTED_FOR);
+            if !admitted.is_empty() {
+                queues.entry(*tenant).or_default().extend(admitted.keys().cloned());
+            }
+        }
+        inner.usage.admitted.retain(|_, a| !a.is_empty());
         inner.usage.queues = queues;
         inner.sampled_at = Some(chrono::Utc::now());
         Ok(())
@@ -554,6 +575,7 @@ impl Quotas {
         let mut inner = self.inner.lock().expect("quotas");
         inner.usage.stored.remove(&tenant.0);
         inner.usage.queues.remove(&tenant.0);
+        inner.usage.admitted.remove(&tenant.0);
         inner.usage.buckets.retain(|(t, _), _| *t != tenant.0);
     }
 }
