@@ -43,9 +43,9 @@ where
 /// so the walk takes at most `share` of one connection's time whatever the
 /// log's size. Why: the gauges' walk reads 50,000 partitions a tick; at
 /// 1,000,000 partitions that tick cost 1.3-1.6 s of PostgreSQL every 10 s,
-/// a sixth of a core for as long as the broker runs, and slowing it
-/// sixfold made the million-partition drain 6 % faster (issue 51). A small
-/// log's ticks are short and keep `every`.
+/// a sixth of a core for as long as the broker runs; paced to 5 %, an idle
+/// broker's PostgreSQL there spends about half the CPU it did (issue 51,
+/// docs/PERFORMANCE.md). A small log's ticks are short and keep `every`.
 pub fn spawn_walk_service<F, Fut>(name: &'static str, every: Duration, share: f64, shutdown: broadcast::Receiver<()>, tick: F)
 where
     F: FnMut() -> Fut + Send + 'static,
