@@ -331,6 +331,14 @@ async fn a_parked_pop_re_checks_on_the_backoff_schedule_when_no_wake_comes() {
             let r = http.get(&url).send().await.unwrap();
             (r.status().as_u16(), Instant::now())
         });
+        // The schedule starts when the pop parks, not when the request was
+        // sent (on a loaded CI machine the two were 200 ms apart).
+        let mut looks = 0;
+        while common::sample(&here.prometheus().await, "queen_parked_long_polls") != Some(1.0) {
+            looks += 1;
+            assert!(looks < 400, "the pop never parked");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         tokio::time::sleep(Duration::from_millis(park)).await;
         there.push_to("far", "p", &[json!(park)]).await;
         let pushed = Instant::now();
