@@ -86,6 +86,10 @@ pub struct PopConfig {
     /// Partitions of the queue one reseed reads (`QUEEN_MAINTENANCE_WINDOW`):
     /// a larger queue is reseeded a window at a time, in name order.
     pub hotlist_reseed_window: i64,
+    /// Cursors a new group's first contact writes before it answers, and
+    /// then per background statement until the queue has them all
+    /// (`pop::cursor_seed`).
+    pub cursor_seed_chunk: i32,
     /// Claim permits follow PostgreSQL's latency (`db::limiter`); off = a
     /// fixed three quarters of the pool.
     pub adaptive_permits: bool,
@@ -623,6 +627,9 @@ impl Config {
                 hotlist: env.boolean(&["QUEEN_HOTLIST"], true)?,
                 hotlist_reseed: ms(&["QUEEN_HOTLIST_RESEED_MS"], 30_000, 100)?,
                 hotlist_reseed_window: maintenance_window,
+                cursor_seed_chunk: env.parse(&["QUEEN_CURSOR_SEED_CHUNK"], 5_000i32, "a number of partitions from 1 to 1000000", |v| {
+                    (1..=1_000_000).contains(v)
+                })?,
                 adaptive_permits: env.boolean(&["QUEEN_POP_ADAPTIVE_PERMITS"], true)?,
                 autoack_async_commit: env.boolean(&["QUEEN_POP_AUTOACK_ASYNC_COMMIT"], false)?,
                 frame_cache_bytes: env.parse(&["QUEEN_POP_FRAME_CACHE_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
@@ -789,6 +796,7 @@ impl Config {
         ("DEFAULT_SUBSCRIPTION_MODE", "all", "where a named group starts when its first pop names no mode: all (alias from_beginning) or new (aliases new-only, new_only); never applies to queue mode"),
         ("QUEEN_HOTLIST", "true", "broker-side candidate ring; false = SQL candidate scan"),
         ("QUEEN_HOTLIST_RESEED_MS", "30000", "how often a candidate ring is reseeded from SQL"),
+        ("QUEEN_CURSOR_SEED_CHUNK", "5000", "cursors a new consumer group's first contact writes before it answers, then per background statement until every partition has one"),
         ("QUEEN_POP_ADAPTIVE_PERMITS", "true", "concurrent claims follow PostgreSQL's latency (Vegas); false = three quarters of DB_POOL_SIZE"),
         ("QUEEN_POP_AUTOACK_ASYNC_COMMIT", "false", "true = an autoAck pop's claim commits without waiting for the disk: faster drains, but after a PostgreSQL or machine crash its last ~0.6 s of deliveries may come again (at-least-once instead of at-most-once)"),
         ("QUEEN_CACHE_REFRESH_INTERVAL_MS", "60000", "how often per-queue settings cached in the broker (minPopWaitTime) are reloaded"),

@@ -193,9 +193,117 @@ async fn concurrent_first_pops_of_a_group_register_it_once_and_claim_from_one_se
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), 32, "no message twice");
     let calls = common::calls_after_exit(&mut b).await;
     assert!(calls("pop_list_set_v1") >= 1, "the pops claimed through the ring");
-    assert_eq!(calls("first_contact_v1"), 1, "one first contact");
+    assert_eq!(calls("first_contact_v2"), 1, "one first contact");
     assert_eq!(calls("register_group_v1"), 0, "a new group from the beginning needs no general rules");
     assert_eq!(calls("pop_wildcard_v1"), 0, "no pop scanned every partition for candidates");
+}
+
+async fn scalar(sql: &tokio_postgres::Client, q: &str) -> i64 {
+    sql.query_one(q, &[]).await.unwrap().get(0)
+}
+
+/// Pops `queue` for `group` with autoAck until three pops in a row come back
+/// empty (at most `max_pops`), and answers the payloads delivered.
+async fn drain_autoack(b: &Broker, queue: &str, group: &str, max_pops: usize) -> Vec<i64> {
+    let (mut got, mut empty) = (Vec::new(), 0);
+    for _ in 0..max_pops {
+        let r = b.pop(&format!("/api/v1/pop/queue/{queue}?consumerGroup={group}&batch=100&partitions=100&autoAck=true")).await;
+        if r.status == 204 {
+            empty += 1;
+            if empty == 3 {
+                break;
+            }
+            continue;
+        }
+        empty = 0;
+        got.extend(r.data().iter().map(|d| d.as_i64().unwrap()));
+    }
+    got
+}
+
+/// Issue 51: a new group's first contact writes its cursors on the first
+/// `QUEEN_CURSOR_SEED_CHUNK` partitions only and says where it stopped; the
+/// rest are written a chunk per statement (`queen.seed_cursors_v1`), each
+/// leaving alone a cursor something else wrote, and none once the group's
+/// subscription is gone. Through the broker, the task writes them all while
+/// the group drains, and the drain delivers every message once.
+#[tokio::test]
+async fn a_new_groups_first_contact_writes_one_chunk_of_cursors_and_a_task_the_rest() {
+    let b = Broker::start_with(&[("QUEEN_CURSOR_SEED_CHUNK", "7")]).await;
+    let items: Vec<Value> =
+        (0..60).map(|i| json!({"queue": "chunks", "partition": format!("p{:02}", i / 2), "payload": i})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let sql = b.sql().await;
+
+    // The functions, for a group the broker never sees.
+    let rows = sql.query("SELECT o_partition_id, o_partition FROM queen.first_contact_v2('chunks', 'direct', NULL, NULL, 7)", &[]).await.unwrap();
+    assert_eq!(rows.len(), 31, "thirty partitions with messages, and where the cursors stopped");
+    let marker: Vec<String> = rows.iter().filter(|r| r.get::<_, Option<i64>>(0).is_none()).map(|r| r.get(1)).collect();
+    assert_eq!(marker, ["p06"], "seven cursors, p00 to p06");
+    let direct = "SELECT count(*) FROM queen.consumers WHERE consumer_group = 'direct'";
+    assert_eq!(scalar(&sql, direct).await, 7);
+    let seed = |after: &'static str| {
+        let sql = &sql;
+        async move { sql.query_one("SELECT queen.seed_cursors_v1('chunks', 'direct', $1, 10)", &[&after]).await.unwrap().get::<_, Option<String>>(0) }
+    };
+    assert_eq!(seed("p06").await.as_deref(), Some("p16"));
+    assert_eq!(scalar(&sql, direct).await, 17);
+    sql.execute(
+        "INSERT INTO queen.consumers (partition_id, consumer_group, committed)
+         SELECT p.id, 'direct', 1 FROM queen.partitions p WHERE p.name = 'p20'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(seed("p16").await.as_deref(), Some("p26"));
+    assert_eq!(seed("p26").await, None, "three partitions left: the walk's end");
+    assert_eq!(scalar(&sql, direct).await, 30);
+    assert_eq!(
+        scalar(&sql, "SELECT count(*) FROM queen.consumers WHERE consumer_group = 'direct' AND committed = -1").await,
+        29,
+        "every written cursor reads from the start; p20's, written before, is kept"
+    );
+    sql.execute("DELETE FROM queen.subscriptions WHERE consumer_group = 'direct'", &[]).await.unwrap();
+    sql.execute("DELETE FROM queen.consumers WHERE consumer_group = 'direct'", &[]).await.unwrap();
+    assert_eq!(seed("").await, None);
+    assert_eq!(scalar(&sql, direct).await, 0, "no cursor for a group no longer subscribed");
+
+    // Through the broker.
+    let first = b.pop("/api/v1/pop/queue/chunks?consumerGroup=workers&batch=4&partitions=2&autoAck=true").await;
+    assert_eq!(first.data().len(), 4, "the first contact answers with messages");
+    common::eventually("the task to write every cursor", Duration::from_secs(10), || async {
+        scalar(&sql, "SELECT count(*) FROM queen.consumers WHERE consumer_group = 'workers'").await == 30
+    })
+    .await;
+    let mut got: Vec<i64> = first.data().iter().map(|d| d.as_i64().unwrap()).collect();
+    got.extend(drain_autoack(&b, "chunks", "workers", 50).await);
+    got.sort();
+    assert_eq!(got, (0..60).collect::<Vec<i64>>(), "every message once");
+}
+
+/// A broker killed while it writes a new group's cursors loses nothing and
+/// repeats nothing: the claims write the cursors it did not get to (a
+/// chunk of one partition makes the task slow enough to be cut short).
+#[tokio::test]
+async fn a_broker_killed_while_it_writes_a_groups_cursors_loses_and_repeats_nothing() {
+    const PARTITIONS: i64 = 3000;
+    let mut b = Broker::start_with(&[("QUEEN_CURSOR_SEED_CHUNK", "1")]).await;
+    let items: Vec<Value> = (0..PARTITIONS).map(|i| json!({"queue": "cut", "partition": format!("p{i:04}"), "payload": i})).collect();
+    assert_eq!(b.post("/api/v1/push", json!({ "items": items })).await.0, 201);
+    let first = b.pop("/api/v1/pop/queue/cut?consumerGroup=g&batch=10&partitions=10&autoAck=true").await;
+    b.kill();
+    let mut got: Vec<i64> = first.data().iter().map(|d| d.as_i64().unwrap()).collect();
+    assert_eq!(got.len(), 10);
+    let sql = b.sql().await;
+    let cursors = "SELECT count(*) FROM queen.consumers WHERE consumer_group = 'g'";
+    let written = scalar(&sql, cursors).await;
+    assert!(written < PARTITIONS, "the kill cut the task short ({written} cursors)");
+    b.restart().await;
+    got.extend(drain_autoack(&b, "cut", "g", 200).await);
+    got.sort();
+    assert_eq!(got, (0..PARTITIONS).collect::<Vec<i64>>(), "every message once, across the kill");
+    assert_eq!(scalar(&sql, cursors).await, PARTITIONS, "the claims wrote the cursors the task did not");
+    assert_eq!(scalar(&sql, "SELECT count(*) FROM queen.consumers WHERE consumer_group = 'g' AND committed = 0").await, PARTITIONS);
 }
 
 /// A claim that can take one partition only (a batch of one, a partition cap

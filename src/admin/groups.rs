@@ -144,6 +144,15 @@ pub async fn delete_in(
     queue: Option<&str>,
     delete_metadata: bool,
 ) -> Result<u64, DbError> {
+    // Per-(queue, group) rows of the group, on one queue or all.
+    let scope = "USING queen.queues q WHERE q.id = t.queue_id AND t.consumer_group = $1 AND ($2::text IS NULL OR q.name = $2) AND q.tenant_id = $3";
+    // The subscription first: a background chunk of the group's cursors
+    // (`pop::cursor_seed`) holds it while it writes, so this waits for that
+    // chunk and the cursor delete below sees it; a later chunk finds no
+    // subscription and writes nothing.
+    if delete_metadata {
+        tx.execute(&format!("DELETE FROM queen.subscriptions t {scope}"), &[&group, &queue, &tenant.0]).await?;
+    }
     let n = tx
         .execute(
             "DELETE FROM queen.consumers c USING queen.partitions p, queen.queues q
@@ -152,12 +161,7 @@ pub async fn delete_in(
             &[&group, &queue, &tenant.0],
         )
         .await?;
-    // Per-(queue, group) rows of the group, on one queue or all.
-    let scope = "USING queen.queues q WHERE q.id = t.queue_id AND t.consumer_group = $1 AND ($2::text IS NULL OR q.name = $2) AND q.tenant_id = $3";
     tx.execute(&format!("DELETE FROM queen.scan_watermarks t {scope}"), &[&group, &queue, &tenant.0]).await?;
-    if delete_metadata {
-        tx.execute(&format!("DELETE FROM queen.subscriptions t {scope}"), &[&group, &queue, &tenant.0]).await?;
-    }
     Ok(n)
 }
 

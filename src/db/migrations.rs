@@ -79,6 +79,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(43, "0043_kafka_producer_tenants.sql"),
     migration!(44, "0044_kv_put_many.sql"),
     migration!(45, "0045_push_known_segments.sql"),
+    migration!(46, "0046_first_contact_seeds_in_chunks.sql"),
 ];
 
 /// The first migration of the development history squashed into the

@@ -104,7 +104,7 @@ claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_part
     FROM queen.pop_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
 const RESEED_WINDOW_SQL: &str =
     "SELECT o_ring, o_edge, o_seen, o_pending, o_partition_id, o_partition FROM queen.hotlist_seed_window_v1($1, $2, $3, $4)";
-const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v1($1, $2, $3, $4)";
+const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v2($1, $2, $3, $4, $5)";
 const PENDING_SQL: &str =
     "SELECT queen.has_pending_v1(q.id, $2) FROM queen.queues q WHERE q.name = $1";
 
@@ -185,16 +185,26 @@ pub async fn claim_window(
 }
 
 /// A first contact of the pop's group with `queue` (creating the queue if
-/// needed, as the SQL path does): registers the group, which seeds its
-/// cursors the first time, and answers the partitions with pending data
-/// (the ring's first seed).
+/// needed, as the SQL path does): registers the group and answers the
+/// partitions with pending data (the ring's first seed). A new group reading
+/// everything gets its cursors on the first `seed_now` partitions only; the
+/// second value is then the partition name after which they remain to be
+/// written (`pop::cursor_seed`), `None` when none remain.
 pub async fn first_contact(
     client: &deadpool_postgres::Client,
     queue: &str,
     p: &PopParams,
-) -> Result<Vec<(i64, String)>, tokio_postgres::Error> {
-    let rows = query(client, FIRST_CONTACT_SQL, &[&queue, &p.group, &p.intent_mode, &p.intent_from]).await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    seed_now: i32,
+) -> Result<(Vec<(i64, String)>, Option<String>), tokio_postgres::Error> {
+    let rows = query(client, FIRST_CONTACT_SQL, &[&queue, &p.group, &p.intent_mode, &p.intent_from, &seed_now]).await?;
+    let (mut pending, mut rest) = (Vec::with_capacity(rows.len()), None);
+    for r in &rows {
+        match r.get::<_, Option<i64>>(0) {
+            Some(pid) => pending.push((pid, r.get(1))),
+            None => rest = Some(r.get(1)),
+        }
+    }
+    Ok((pending, rest))
 }
 
 /// What one ring's reseed found: the partitions of its window with pending

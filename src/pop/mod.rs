@@ -9,6 +9,7 @@
 //! it parks on the queue's wake gate.
 
 pub mod claim;
+pub mod cursor_seed;
 pub mod frames;
 pub mod handover;
 pub mod hotlist;
@@ -531,8 +532,9 @@ impl PopService {
 
     /// The first pop of (queue, group) on this broker, while the group's
     /// other pops wait for it (`Plan::Seeding`): one call registers the group
-    /// (the first registration seeds one cursor per partition) and reads the
-    /// ring's first seed (`first_contact_v1`); then the others are let in and
+    /// (the first registration writes its first cursors, and a task the
+    /// rest: `pop::cursor_seed`) and reads the
+    /// ring's first seed (`first_contact_v2`); then the others are let in and
     /// this pop claims from the ring like them. Before, every consumer of a
     /// new group took the SQL path at once: each waited for the one seeding
     /// the cursors, then scanned every partition for candidates (114 ms each
@@ -542,7 +544,11 @@ impl PopService {
     async fn first_contact(&self, queue: &str, p: &PopParams, worker: &str, seeding: Seeding) -> Result<ClaimResult, PopError> {
         let _permit = self.permit().await?;
         let client = self.connection().await?;
-        seeding.finish(claim::first_contact(&client, queue, p).await?);
+        let (pending, rest) = claim::first_contact(&client, queue, p, self.cfg.cursor_seed_chunk).await?;
+        seeding.finish(pending);
+        if let Some(after) = rest {
+            cursor_seed::spawn(self.pool.clone(), queue.to_string(), p.group.clone(), after, self.cfg.cursor_seed_chunk, self.closing.subscribe());
+        }
         self.claim_ring_on(&client, queue, p, worker).await
     }
 
