@@ -1,31 +1,34 @@
 -- A group's first contact answers at once, whatever the queue's size (issue 51).
 --
 -- queen.first_contact_v1 (0033) registers a new group and, in the same
--- statement, writes its cursor on every partition of the queue. At
--- 1,000,000 partitions that insert took 7.8 s, and every consumer of the
--- group waited for it: no message for the first 9.4 s of a drain whose
--- 10-partition baseline starts in 30 ms. The work grew with the queue on a
--- request's path.
+-- statement, writes its cursor on every partition of the queue and answers
+-- every partition holding a message (the ring's first seed). At 1,000,000
+-- partitions the insert took 7.8 s and the seed 1.6 s more, and every
+-- consumer of the group waited for both: no message for the first 9.4 s of a
+-- drain whose 10-partition baseline starts in 30 ms. The work grew with the
+-- queue on a request's path.
 --
--- Now the first contact writes the cursors of the first p_seed_now
--- partitions only (in name order, the order the ring's seed comes back
--- in and the claims take them), and says where it stopped. The broker
--- writes the rest in the background, a chunk per statement
--- (queen.seed_cursors_v1), ahead of the claims. Nothing depends on it
--- finishing: a claim that meets a partition without the group's cursor
--- writes that one itself under its try-lock (queen.pop_claim_v1), as it
--- always has for partitions created after the group registered, and the
+-- Now the first contact covers the first p_seed_now partitions only, in
+-- name order: their cursors, and those of them holding messages as the
+-- ring's seed. The broker walks the rest in the background, a chunk per
+-- statement (queen.seed_cursors_v1: the chunk's cursors, and its
+-- partitions holding messages for the ring), ahead of the claims, which
+-- take partitions in the order the seed gave them. Nothing depends on the
+-- walk finishing: a claim that meets a partition without the group's
+-- cursor writes that one itself under its try-lock (queen.pop_claim_v1), as
+-- it always has for partitions created after the group registered; the
 -- retention and gauge rules already read a missing cursor as "nothing
--- consumed". A broker killed mid-way leaves the rest to the claims.
+-- consumed"; and the ring's periodic reseed walks the whole queue. A broker
+-- killed mid-way leaves the rest to those.
 --
--- Only the fast path changes (a new group reading everything: every
--- cursor at -1). A group registered from a timestamp or from the end goes
--- through queen.register_group_v1 as before.
+-- Only the fast path changes (a new group reading everything: every cursor
+-- at -1). A group registered from a timestamp or from the end goes through
+-- queen.register_group_v1 as before.
 --
--- The ring's seed: rows (o_partition_id, o_partition) as before, in name
--- order, and when cursors remain to be written, one more row with
--- o_partition_id NULL whose o_partition is the name after which they
--- remain.
+-- Both functions answer rows (o_partition_id, o_partition): the partitions
+-- holding messages, in name order, and when partitions remain to walk, one
+-- more row with o_partition_id NULL whose o_partition is the name after
+-- which they remain.
 
 CREATE FUNCTION queen.first_contact_v2(p_queue text, p_group text,
                                        p_intent_mode text, p_intent_from timestamptz,
@@ -53,7 +56,7 @@ BEGIN
             SELECT (SELECT count(*) FROM made)::integer, (SELECT f.name FROM first f ORDER BY f.name DESC LIMIT 1)
             INTO v_n, v_last;
             RETURN QUERY SELECT p.id, p.name FROM queen.partitions p
-                         WHERE p.queue_id = v_qid AND p.last_offset >= p.log_start ORDER BY p.name;
+                         WHERE p.queue_id = v_qid AND p.name <= v_last AND p.last_offset >= p.log_start ORDER BY p.name;
             IF v_n >= GREATEST(p_seed_now, 1)
                AND EXISTS (SELECT 1 FROM queen.partitions p WHERE p.queue_id = v_qid AND p.name > v_last) THEN
                 RETURN QUERY SELECT NULL::bigint, v_last;
@@ -69,9 +72,12 @@ END
 $$;
 
 -- Writes the group's cursor, where it has none, on up to p_limit partitions
--- of the queue past p_after in name order; answers the last name it looked
--- at, or NULL when the walk reached the queue's end or the group is no
--- longer subscribed.
+-- of the queue past p_after in name order, and answers those of them
+-- holding messages, and the marker row when partitions remain past them.
+-- No row at all: the walk reached the queue's end, or the group is no
+-- longer subscribed. A chunk's partition whose cursor already existed
+-- comes back too; a claim finds it empty if it is, as for any stale
+-- candidate.
 --
 -- The value is queen.seed_cursor_v1's for a subscribed group (its
 -- subscription's point), computed once. The subscription row is held
@@ -88,7 +94,7 @@ $$;
 -- chunks of 100,000 cursors written during a drain took 1.8 s of
 -- PostgreSQL's time; written plainly, 0.7 s.
 CREATE FUNCTION queen.seed_cursors_v1(p_queue text, p_group text, p_after text, p_limit integer)
-RETURNS text
+RETURNS TABLE (o_partition_id bigint, o_partition text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_qid   bigint;
@@ -100,13 +106,13 @@ DECLARE
 BEGIN
     SELECT q.id INTO v_qid FROM queen.queues q WHERE q.name = p_queue;
     IF v_qid IS NULL THEN
-        RETURN NULL;
+        RETURN;
     END IF;
     SELECT true, s.subscription_timestamp INTO v_found, v_ts
     FROM queen.subscriptions s WHERE s.queue_id = v_qid AND s.consumer_group = p_group
     FOR KEY SHARE;
     IF v_found IS NULL THEN
-        RETURN NULL;
+        RETURN;
     END IF;
     BEGIN
         WITH chunk AS (
@@ -133,6 +139,11 @@ BEGIN
         SELECT (SELECT count(*) FROM chunk)::integer, (SELECT c.name FROM chunk c ORDER BY c.name DESC LIMIT 1)
         INTO v_seen, v_last;
     END;
-    RETURN CASE WHEN v_seen >= v_limit THEN v_last END;
+    RETURN QUERY SELECT p.id, p.name FROM queen.partitions p
+                 WHERE p.queue_id = v_qid AND p.name > p_after AND p.name <= v_last AND p.last_offset >= p.log_start
+                 ORDER BY p.name;
+    IF v_seen >= v_limit THEN
+        RETURN QUERY SELECT NULL::bigint, v_last;
+    END IF;
 END
 $$;

@@ -105,6 +105,7 @@ claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_part
 const RESEED_WINDOW_SQL: &str =
     "SELECT o_ring, o_edge, o_seen, o_pending, o_partition_id, o_partition FROM queen.hotlist_seed_window_v1($1, $2, $3, $4)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v2($1, $2, $3, $4, $5)";
+const SEED_CURSORS_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.seed_cursors_v1($1, $2, $3, $4)";
 const PENDING_SQL: &str =
     "SELECT queen.has_pending_v1(q.id, $2) FROM queen.queues q WHERE q.name = $1";
 
@@ -187,16 +188,35 @@ pub async fn claim_window(
 /// A first contact of the pop's group with `queue` (creating the queue if
 /// needed, as the SQL path does): registers the group and answers the
 /// partitions with pending data (the ring's first seed). A new group reading
-/// everything gets its cursors on the first `seed_now` partitions only; the
-/// second value is then the partition name after which they remain to be
-/// written (`pop::cursor_seed`), `None` when none remain.
+/// everything is covered on the first `seed_now` partitions only, cursors
+/// and seed alike; the second value is then the partition name after which
+/// the walk goes on (`pop::cursor_seed`), `None` when nothing remains.
 pub async fn first_contact(
     client: &deadpool_postgres::Client,
     queue: &str,
     p: &PopParams,
     seed_now: i32,
 ) -> Result<(Vec<(i64, String)>, Option<String>), tokio_postgres::Error> {
-    let rows = query(client, FIRST_CONTACT_SQL, &[&queue, &p.group, &p.intent_mode, &p.intent_from, &seed_now]).await?;
+    Ok(seed_rows(query(client, FIRST_CONTACT_SQL, &[&queue, &p.group, &p.intent_mode, &p.intent_from, &seed_now]).await?))
+}
+
+/// One chunk of a first contact's walk (`queen.seed_cursors_v1`): writes
+/// `group`'s missing cursors on up to `chunk` partitions of `queue` past
+/// `after`, and answers those holding messages and where the walk goes on
+/// (`None`: the queue's end, or the group is gone).
+pub async fn seed_cursors(
+    client: &deadpool_postgres::Client,
+    queue: &str,
+    group: &str,
+    after: &str,
+    chunk: i32,
+) -> Result<(Vec<(i64, String)>, Option<String>), tokio_postgres::Error> {
+    Ok(seed_rows(query(client, SEED_CURSORS_SQL, &[&queue, &group, &after, &chunk]).await?))
+}
+
+/// The rows of a seed: partitions holding messages, and one row without an
+/// id naming where the walk goes on.
+fn seed_rows(rows: Vec<Row>) -> (Vec<(i64, String)>, Option<String>) {
     let (mut pending, mut rest) = (Vec::with_capacity(rows.len()), None);
     for r in &rows {
         match r.get::<_, Option<i64>>(0) {
@@ -204,7 +224,7 @@ pub async fn first_contact(
             None => rest = Some(r.get(1)),
         }
     }
-    Ok((pending, rest))
+    (pending, rest)
 }
 
 /// What one ring's reseed found: the partitions of its window with pending

@@ -473,6 +473,13 @@ impl HotList {
         self.with_ring(queue, group, |r| r.reseed(pending, jittered(self.reseed_every)));
     }
 
+    /// The rest of a first contact's seed, a chunk at a time as the group's
+    /// cursors are written behind it (`pop::cursor_seed`): offered like a
+    /// reseed's finds, without moving the ring's reseed clock.
+    pub fn extend_seed(&self, queue: &str, group: &str, pending: Vec<(i64, String)>) {
+        self.with_ring(queue, group, |r| r.offer_pending(pending));
+    }
+
     /// Where (queue, group)'s next reseed window starts ("": no ring, or
     /// the queue's first partition).
     pub fn reseed_after(&self, queue: &str, group: &str) -> String {
@@ -620,14 +627,19 @@ impl HotList {
 
 impl Ring {
     fn reseed(&mut self, pending: Vec<(i64, String)>, period: Duration) {
+        self.offer_pending(pending);
+        self.last_reseed = Some(Instant::now());
+        self.period = period;
+    }
+
+    /// Partitions SQL found pending, of unknown depth.
+    fn offer_pending(&mut self, pending: Vec<(i64, String)>) {
         for (pid, name) in pending {
             if !self.members.contains_key(&pid) {
                 self.estimates.insert(pid, None);
             }
             self.offer(pid, &Arc::from(name.as_str()));
         }
-        self.last_reseed = Some(Instant::now());
-        self.period = period;
     }
 
     /// A partition pushed since the ring last caught up, `since` messages

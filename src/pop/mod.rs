@@ -532,9 +532,9 @@ impl PopService {
 
     /// The first pop of (queue, group) on this broker, while the group's
     /// other pops wait for it (`Plan::Seeding`): one call registers the group
-    /// (the first registration writes its first cursors, and a task the
-    /// rest: `pop::cursor_seed`) and reads the
-    /// ring's first seed (`first_contact_v2`); then the others are let in and
+    /// and reads the ring's first seed (`first_contact_v2`; a new group
+    /// reading everything gets one chunk of cursors and seed, and a task
+    /// walks the rest: `pop::cursor_seed`); then the others are let in and
     /// this pop claims from the ring like them. Before, every consumer of a
     /// new group took the SQL path at once: each waited for the one seeding
     /// the cursors, then scanned every partition for candidates (114 ms each
@@ -544,10 +544,22 @@ impl PopService {
     async fn first_contact(&self, queue: &str, p: &PopParams, worker: &str, seeding: Seeding) -> Result<ClaimResult, PopError> {
         let _permit = self.permit().await?;
         let client = self.connection().await?;
-        let (pending, rest) = claim::first_contact(&client, queue, p, self.cfg.cursor_seed_chunk).await?;
+        let chunk = self.cfg.cursor_seed_chunk;
+        let (mut pending, mut rest) = claim::first_contact(&client, queue, p, chunk).await?;
+        // A first chunk with fewer partitions holding messages than this pop
+        // could take (their first partitions empty, or a small chunk): walk on
+        // here until it has them, so the first pop does not answer short
+        // while messages wait further on.
+        let wanted = usize::try_from(if p.partitions > 0 { p.batch.min(p.partitions) } else { p.batch }).unwrap_or(1);
+        while pending.len() < wanted {
+            let Some(after) = rest.take() else { break };
+            let (more, next) = claim::seed_cursors(&client, queue, &p.group, &after, chunk).await?;
+            pending.extend(more);
+            rest = next;
+        }
         seeding.finish(pending);
         if let Some(after) = rest {
-            cursor_seed::spawn(self.pool.clone(), queue.to_string(), p.group.clone(), after, self.cfg.cursor_seed_chunk, self.closing.subscribe());
+            self.spawn_cursor_seed(queue.to_string(), p.group.clone(), after);
         }
         self.claim_ring_on(&client, queue, p, worker).await
     }
