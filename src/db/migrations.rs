@@ -212,11 +212,12 @@ mod tests {
         // 0030_reseed_window.sql the reseed of whole queues, 0038 the
         // producer expiry with one idleness, 0040 the locks of one namespace,
         // 0041 the discovery across tenants, 0043 the Kafka producers of
-        // no tenant).
+        // no tenant, 0046 the first contact that covers the whole queue).
         live.extend(
             ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1",
              "hotlist_seed_many_v1", "kafka_producers_expire_v1", "lock_acquire_v2", "lock_holders_v2",
-             "pop_discover_v1", "kafka_init_producer_v1", "kafka_init_transactional_v1", "kafka_produce_begin_v1"]
+             "pop_discover_v1", "kafka_init_producer_v1", "kafka_init_transactional_v1", "kafka_produce_begin_v1",
+             "first_contact_v1"]
                 .map(String::from),
         );
         let mut i = 0;
