@@ -86,9 +86,9 @@ pub struct PopConfig {
     /// Partitions of the queue one reseed reads (`QUEEN_MAINTENANCE_WINDOW`):
     /// a larger queue is reseeded a window at a time, in name order.
     pub hotlist_reseed_window: i64,
-    /// Cursors a new group's first contact writes before it answers, and
-    /// then per background statement until the queue has them all
-    /// (`pop::cursor_seed`).
+    /// Partitions a new group's first contact covers (cursors and ring
+    /// seed) before it answers, and then per background statement until the
+    /// queue's end (`pop::cursor_seed`).
     pub cursor_seed_chunk: i32,
     /// Claim permits follow PostgreSQL's latency (`db::limiter`); off = a
     /// fixed three quarters of the pool.

@@ -17,8 +17,9 @@
 //! what makes this task optional -- a broker killed mid-way loses nothing --
 //! but that way costs each such partition a trip through the per-partition
 //! claim, and a partition waits for the reseed to be found. Written in bulk
-//! ahead of the claims, the cursors cost what the first contact's single
-//! insert cost, off the requests' path.
+//! ahead of the claims, they cost about twice the first contact's old single
+//! insert (100,000 cursors: 0.7 s of PostgreSQL against 0.32 s), off the
+//! requests' path.
 //!
 //! Each statement moves the walk forward by at least one partition name, so
 //! the task ends; it also ends on shutdown, when the group is no longer
