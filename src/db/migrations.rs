@@ -80,6 +80,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(44, "0044_kv_put_many.sql"),
     migration!(45, "0045_push_known_segments.sql"),
     migration!(46, "0046_first_contact_seeds_in_chunks.sql"),
+    migration!(47, "0047_ack_skips_handover_lookups.sql"),
 ];
 
 /// The first migration of the development history squashed into the
