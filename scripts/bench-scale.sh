@@ -26,7 +26,8 @@
 #     at a paced FANOUT_RATE (100 msg/s) beside one group doing the same,
 #     and unpaced (as fast as the producers can) for the shared-CPU figure.
 #   drain: ROUNDS rounds of a leased drain (pop batch 100 over up to 50
-#     partitions, ack/batch, 4 consumers) of DRAIN_PER_PARTITION (5) messages
+#     partitions, ack/batch, DRAIN_CONSUMERS (4) consumers, each popping and
+#     acking in turn) of DRAIN_PER_PARTITION (5) messages
 #     in each of PARTITIONS_MANY partitions, beside the same number of
 #     messages in 10 partitions, alternating; each drain prefills a queue of
 #     its own (1,000 messages to a request).
@@ -61,6 +62,7 @@ ROUNDS=${ROUNDS:-3}
 GROUPS_MANY=${GROUPS_MANY:-1000}
 FANOUT_RATE=${FANOUT_RATE:-100}
 DRAIN_PER_PARTITION=${DRAIN_PER_PARTITION:-5}
+DRAIN_CONSUMERS=${DRAIN_CONSUMERS:-4}
 E2E_RATE=${E2E_RATE:-1000}
 source "$(dirname "$0")/lib/bench-cluster.sh"
 BENCH=./target/release/queen-bench
@@ -123,7 +125,7 @@ if wants drain; then
         for parts in 10 "$PARTITIONS_MANY"; do
             echo "== round $round: leased drain of $messages messages over $parts partitions"
             "$BENCH" --url "$BROKER_URL" consume --messages "$messages" --partitions "$parts" --batch 100 \
-                --pop-partitions 50 --concurrency 4 --duration 1800 | tail -3 | head -2
+                --pop-partitions 50 --concurrency "$DRAIN_CONSUMERS" --duration 1800 | tail -3 | head -2
         done
     done
     stop_broker

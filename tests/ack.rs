@@ -856,6 +856,45 @@ async fn an_ack_hands_the_partition_to_a_parked_pop_under_its_own_lease() {
     assert_eq!(handovers().await, 2.0);
 }
 
+/// A lone ack request over several partitions, every item completed under
+/// its lease, commits without a transaction of its own (`AckService::ack_now`):
+/// its plain groups are one statement, which also hands a partition to a pop
+/// parked on the queue, as a single partition's ack does. Each ack is
+/// answered, both cursors move, and the parked pop gets the next message of
+/// one of the two partitions under its own lease.
+#[tokio::test]
+async fn a_lone_ack_of_several_partitions_hands_one_to_a_parked_pop() {
+    let b = Broker::start().await;
+    b.push_to("two", "a", &[json!("a0"), json!("a1")]).await;
+    b.push_to("two", "b", &[json!("b0"), json!("b1")]).await;
+    let first = b.pop("/api/v1/pop/queue/two/partition/a?batch=1").await.body.unwrap();
+    let second = b.pop("/api/v1/pop/queue/two/partition/b?batch=1").await.body.unwrap();
+    let handovers = || async { common::sample(&b.prometheus().await, "queen_pop_handovers_total").unwrap_or(0.0) };
+    let (http, url) = (b.http.clone(), format!("{}/api/v1/pop/queue/two?batch=1&wait=true&timeout=4000", b.url));
+    let parked = tokio::spawn(async move { http.get(url).send().await.unwrap().json::<Value>().await.unwrap() });
+    b.until_parked(1).await;
+    let mut items = Vec::new();
+    for body in [&first, &second] {
+        let m = &body["messages"][0];
+        items.push(json!({"transactionId": m["transactionId"], "partitionId": m["partitionId"], "status": "completed", "leaseId": body["leaseId"]}));
+    }
+    let started = std::time::Instant::now();
+    let (status, r) = b.post("/api/v1/ack/batch", json!({ "acknowledgments": items })).await;
+    assert_eq!(status, 200);
+    assert!(r.as_array().unwrap().iter().all(|x| x["success"] == true && x["noop"] == false && x["leaseReleased"] == true), "{r}");
+    let handed = parked.await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3), "answered by the ack, not at its deadline");
+    assert_eq!(handovers().await, 1.0);
+    let next = handed["messages"][0]["data"].as_str().unwrap().to_string();
+    assert!(next == "a1" || next == "b1", "{handed}");
+    let (pa, pb) = (first["partitionId"].as_str().unwrap(), second["partitionId"].as_str().unwrap());
+    let (ca, cb) = (b.cursor(pa, "__QUEUE_MODE__").await, b.cursor(pb, "__QUEUE_MODE__").await);
+    assert_eq!((ca.0, cb.0), (0, 0), "both acks committed");
+    let lease = handed["leaseId"].as_str().map(str::to_string);
+    let (held, free) = if next == "a1" { (ca, cb) } else { (cb, ca) };
+    assert_eq!((held.1, free.1), (lease, None), "the handed partition is leased to the parked pop, the other released");
+}
+
 /// A queue whose messages a visibility option holds back is never handed
 /// over: the ack releases the lease and the parked pop claims by the rules
 /// (delayedProcessing: t1, pushed an hour "ago", is visible and claimed; t2,
