@@ -200,10 +200,10 @@ impl AckService {
     /// together); outcomes come back in item order, plus the leases the
     /// acks released.
     ///
-    /// Acks of several partitions commit together, in one transaction: each
-    /// `ack_v2` call on its own was one commit, one WAL flush, so a batch over
-    /// 50 partitions cost 50 flushes in a row (docs/PERFORMANCE.md, 100,000
-    /// partitions). The cursor rows are locked in partition order (see
+    /// Acks of several partitions commit together, in one statement or one
+    /// transaction: each `ack_v2` call on its own was one commit, one WAL
+    /// flush, so a batch over 50 partitions cost 50 flushes in a row
+    /// (docs/PERFORMANCE.md, 100,000 partitions). The cursor rows are locked in partition order (see
     /// `ack_on`) and pops skip locked rows, so concurrent batches queue rather
     /// than deadlock; a deadlock with another kind of writer is retried.
     ///
