@@ -99,6 +99,9 @@ pub struct PopConfig {
     /// Bytes of decompressed segments kept for the next pop of a partly
     /// delivered segment (`pop::frames`; 0 = off).
     pub frame_cache_bytes: usize,
+    /// Most shared claims of batch-1 pops in flight (`pop::share`); 0 = every
+    /// pop claims in its own transaction.
+    pub claim_writers: usize,
 }
 
 /// JWT authentication (API.md §5.5).
@@ -633,6 +636,7 @@ impl Config {
                 adaptive_permits: env.boolean(&["QUEEN_POP_ADAPTIVE_PERMITS"], true)?,
                 autoack_async_commit: env.boolean(&["QUEEN_POP_AUTOACK_ASYNC_COMMIT"], false)?,
                 frame_cache_bytes: env.parse(&["QUEEN_POP_FRAME_CACHE_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
+                claim_writers: env.parse(&["QUEEN_POP_CLAIM_WRITERS"], 2usize, "a count from 0 to 64", |v| *v <= 64)?,
             },
             queue_cache_refresh: ms(&["QUEEN_CACHE_REFRESH_INTERVAL_MS"], 60_000, 50)?,
             ack_registry_bytes: env.parse(&["QUEEN_ACK_REGISTRY_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
@@ -800,6 +804,7 @@ impl Config {
         ("QUEEN_POP_ADAPTIVE_PERMITS", "true", "concurrent claims follow PostgreSQL's latency (Vegas); false = three quarters of DB_POOL_SIZE"),
         ("QUEEN_POP_AUTOACK_ASYNC_COMMIT", "false", "true = an autoAck pop's claim commits without waiting for the disk: faster drains, but after a PostgreSQL or machine crash its last ~0.6 s of deliveries may come again (at-least-once instead of at-most-once)"),
         ("QUEEN_CACHE_REFRESH_INTERVAL_MS", "60000", "how often per-queue settings cached in the broker (minPopWaitTime) are reloaded"),
+        ("QUEEN_POP_CLAIM_WRITERS", "2", "most shared claims in flight: batch-1 pops that arrive while one runs claim together in one transaction, each with its own lease (measured: docs/DECISIONS.md); 0 = every pop claims in its own transaction"),
         ("QUEEN_POP_FRAME_CACHE_MB", "64", "memory for decompressed segments a pop delivered only in part, kept for the next pop of the same segment (0 = off: every pop decompresses its segment)"),
         ("QUEEN_ACK_REGISTRY_MB", "64", "memory for the ack registry (leased batches resolved without PostgreSQL; 0 = always use the index)"),
         ("RETENTION_INTERVAL", "5000", "ms between retention and dedup-purge passes"),

@@ -715,3 +715,74 @@ async fn a_trace_id_comes_back_on_the_popped_message() {
     let traces: Vec<Value> = r.messages().iter().map(|m| m["traceId"].clone()).collect();
     assert_eq!(traces, [json!(trace), Value::Null]);
 }
+
+/// Batch-1 pops that arrive while a claim is in flight share one claim
+/// statement and transaction (`pop::share`), and each keeps its own lease:
+/// 32 consumers of 40 partitions, each popping one message at a time and
+/// acking it with its lease; one claim writer, so pops queue behind it.
+#[tokio::test]
+async fn batch_one_pops_share_a_claim_and_each_keeps_its_own_lease() {
+    let mut b = common::broker_counting_calls(&[("QUEEN_HOTLIST", "true"), ("QUEEN_POP_CLAIM_WRITERS", "1")]).await;
+    const PARTITIONS: usize = 40;
+    const EACH: usize = 3;
+    for p in 0..PARTITIONS {
+        let payloads: Vec<Value> = (0..EACH).map(|i| json!(format!("{p}-{i}"))).collect();
+        b.push_to("shared", &format!("p{p}"), &payloads).await;
+    }
+    // The group's first contact, alone (it claims on its own connection).
+    let first = b.pop("/api/v1/pop/queue/shared?batch=1&consumerGroup=g&autoAck=true").await;
+    let mut delivered = vec![first.data()[0].as_str().unwrap().to_string()];
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (http, url, db) = (b.http.clone(), b.url.clone(), b.db.clone());
+        tasks.push(tokio::spawn(async move {
+            let sql = common::cluster().connect(&db).await;
+            let (mut got, mut idle) = (Vec::new(), 0);
+            while idle < 10 {
+                let r = http.get(format!("{url}/api/v1/pop/queue/shared?batch=1&consumerGroup=g")).send().await.unwrap();
+                if r.status().as_u16() == 204 {
+                    idle += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                idle = 0;
+                let body: Value = r.json().await.unwrap();
+                let lease = body["leaseId"].as_str().unwrap().to_string();
+                let m = &body["messages"].as_array().unwrap()[0];
+                assert_eq!(body["messages"].as_array().unwrap().len(), 1, "batch 1: {body}");
+                let pid = m["partitionId"].as_str().unwrap().to_string();
+                let holder: Option<String> = sql
+                    .query_one("SELECT worker_id FROM queen.consumers WHERE partition_id = $1 AND consumer_group = 'g'", &[&pid.parse::<i64>().unwrap()])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert_eq!(holder.as_deref(), Some(lease.as_str()), "the partition's lease is this pop's own");
+                let ack = json!({"acknowledgments": [{"transactionId": m["transactionId"], "partitionId": pid, "leaseId": lease, "status": "completed"}],
+                                 "consumerGroup": "g"});
+                let a: Value = http.post(format!("{url}/api/v1/ack/batch")).json(&ack).send().await.unwrap().json().await.unwrap();
+                assert_eq!(a[0]["success"], true, "acked under its own lease: {a}");
+                got.push((m["data"].as_str().unwrap().to_string(), lease));
+            }
+            got
+        }));
+    }
+    let mut leases = HashSet::new();
+    for t in tasks {
+        for (data, lease) in t.await.unwrap() {
+            delivered.push(data);
+            assert!(leases.insert(lease), "every pop has a lease of its own");
+        }
+    }
+    assert_eq!(delivered.len(), PARTITIONS * EACH, "every message delivered, none twice: {} of {}", delivered.len(), PARTITIONS * EACH);
+    assert_eq!(delivered.iter().collect::<HashSet<_>>().len(), PARTITIONS * EACH);
+    let sql = b.sql().await;
+    let committed: i64 = sql
+        .query_one("SELECT count(*) FROM queen.consumers WHERE consumer_group = 'g' AND committed = $1 AND worker_id IS NULL", &[&(EACH as i64 - 1)])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(committed, PARTITIONS as i64, "every cursor at its partition's end, no lease left");
+    drop(sql);
+    let calls = common::calls_after_exit(&mut b).await;
+    assert!(calls("pop_list_shared_v1") >= 1, "concurrent pops shared a claim");
+}

@@ -81,6 +81,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(45, "0045_push_known_segments.sql"),
     migration!(46, "0046_first_contact_seeds_in_chunks.sql"),
     migration!(47, "0047_ack_skips_handover_lookups.sql"),
+    migration!(48, "0048_pops_share_a_claim.sql"),
 ];
 
 /// The first migration of the development history squashed into the

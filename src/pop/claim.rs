@@ -102,6 +102,11 @@ claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5
 // list functions name their rows.
 claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_partition, $11::text AS o_queue, c.*
     FROM queen.pop_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
+// Several pops' claims of one partition each in one statement and one
+// transaction (`pop::share`, 0048_pops_share_a_claim.sql): pop_list_v1 per
+// slot, every row tagged with its slot. Never asynchronous: `pop::share`
+// takes no pop that asks for it.
+const SHARED_SQL: &str = "SELECT * FROM queen.pop_list_shared_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 const RESEED_WINDOW_SQL: &str =
     "SELECT o_ring, o_edge, o_seen, o_pending, o_partition_id, o_partition FROM queen.hotlist_seed_window_v1($1, $2, $3, $4)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v2($1, $2, $3, $4, $5)";
@@ -164,6 +169,44 @@ pub async fn claim_candidates(
     let one = deep || p.batch == 1 || p.partitions == 1 || pids.len() == 1;
     let sql = if one { ONE_SQL } else { LIST_SQL };
     Ok(assemble(query(client, sql[p.async_commit as usize], &args).await?))
+}
+
+/// One pop's part of a shared claim (`pop::share`): the candidates the ring
+/// checked out for it, its parameters and its lease id.
+pub struct ClaimSlot<'a> {
+    pub pids: &'a [i64],
+    pub p: &'a PopParams,
+    pub worker: &'a str,
+}
+
+/// The claims of several pops in one round trip and one transaction: each
+/// slot claims from its own candidates as `claim_candidates` would for a
+/// claim of one partition (`pop_list_v1`), and gets its own result, in
+/// order.
+pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot<'_>]) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
+    let mut pids = Vec::new();
+    let mut ends = Vec::with_capacity(slots.len());
+    for s in slots {
+        pids.extend_from_slice(s.pids);
+        ends.push(i32::try_from(pids.len()).unwrap_or(i32::MAX));
+    }
+    let groups: Vec<&str> = slots.iter().map(|s| s.p.group.as_str()).collect();
+    let workers: Vec<&str> = slots.iter().map(|s| s.worker).collect();
+    let leases: Vec<Option<i32>> = slots.iter().map(|s| s.p.lease_seconds).collect();
+    let auto_acks: Vec<bool> = slots.iter().map(|s| s.p.auto_ack).collect();
+    let budgets: Vec<i32> = slots.iter().map(|s| s.p.batch).collect();
+    let caps: Vec<i32> = slots.iter().map(|s| s.p.partitions).collect();
+    let modes: Vec<Option<&str>> = slots.iter().map(|s| s.p.intent_mode).collect();
+    let froms: Vec<Option<DateTime<Utc>>> = slots.iter().map(|s| s.p.intent_from).collect();
+    let args: [&(dyn ToSql + Sync); 10] = [&ends, &pids, &groups, &workers, &leases, &auto_acks, &budgets, &caps, &modes, &froms];
+    let mut per: Vec<Vec<Row>> = slots.iter().map(|_| Vec::new()).collect();
+    for row in query(client, SHARED_SQL, &args).await? {
+        let slot = usize::try_from(row.get::<_, i32>("o_slot")).unwrap_or(0);
+        if let Some(rows) = slot.checked_sub(1).and_then(|i| per.get_mut(i)) {
+            rows.push(row);
+        }
+    }
+    Ok(per.into_iter().map(assemble).collect())
 }
 
 /// The hot-list claim of one partition of a windowBuffer queue, once the

@@ -18,6 +18,7 @@ pub mod params;
 pub mod render;
 pub mod reseeder;
 pub mod settings;
+pub mod share;
 pub mod wake;
 pub mod wheel;
 
@@ -105,7 +106,10 @@ pub struct PopService {
     encryption: Arc<crate::crypto::Encryption>,
     telemetry: Arc<crate::metrics::Telemetry>,
     /// Claims running at once; the limit follows PostgreSQL's latency.
-    permits: AdaptiveLimiter,
+    permits: Arc<AdaptiveLimiter>,
+    /// Batch-1 claims that go to PostgreSQL together (`pop::share`); `None`
+    /// with `QUEEN_POP_CLAIM_WRITERS=0`.
+    claims: Option<Arc<share::ClaimShare>>,
     maintenance: AtomicBool,
     /// Flipped on shutdown: parked long-polls answer 204 at once.
     closing: tokio::sync::watch::Sender<bool>,
@@ -122,12 +126,13 @@ impl PopService {
     ) -> Arc<PopService> {
         // At most three quarters of the pool (the rest is for pushes and
         // acks); where in between, PostgreSQL's latency decides.
-        let permits = AdaptiveLimiter::new(
+        let permits = Arc::new(AdaptiveLimiter::new(
             INITIAL_PERMITS,
             MIN_PERMITS,
             (pool_size * 3 / 4).max(1),
             cfg.adaptive_permits,
-        );
+        ));
+        let claims = share::ClaimShare::new(pool.clone(), permits.clone(), pool_wait, cfg.claim_writers);
         let wake = Arc::new(WakeGates::default());
         let handover = Arc::new(handover::Handover::new(wake.clone(), cfg.frame_cache_bytes));
         Arc::new(PopService {
@@ -143,6 +148,7 @@ impl PopService {
             encryption,
             telemetry: crate::metrics::Telemetry::global(),
             permits,
+            claims,
             maintenance: AtomicBool::new(false),
             closing: tokio::sync::watch::channel(false).0,
         })
@@ -565,6 +571,11 @@ impl PopService {
     }
 
     async fn claim_from_ring(&self, queue: &str, p: &PopParams, worker: &str, reseed: bool) -> Result<ClaimResult, PopError> {
+        // A batch-1 pop queues for a shared claim, which takes the permit
+        // and the connection for all of its pops (`pop::share`).
+        if let Some(share) = self.claims.as_ref().filter(|_| !reseed && share::ClaimShare::takes(p) && !self.windowed(queue)) {
+            return self.claim_ring_loop(Via::Share(share), queue, p, worker).await;
+        }
         let _permit = self.permit().await?;
         let client = self.connection().await?;
         if reseed {
@@ -586,9 +597,21 @@ impl PopService {
         p: &PopParams,
         worker: &str,
     ) -> Result<ClaimResult, PopError> {
-        if self.settings.get(queue).is_some_and(|t| !t.window.is_zero()) {
+        if self.windowed(queue) {
             return self.claim_window_ring(client, queue, p, worker).await;
         }
+        self.claim_ring_loop(Via::Client(client), queue, p, worker).await
+    }
+
+    /// Whether `queue` holds partitions back for a `windowBuffer` (the
+    /// broker times the hold: `claim_window_ring`).
+    fn windowed(&self, queue: &str) -> bool {
+        self.settings.get(queue).is_some_and(|t| !t.window.is_zero())
+    }
+
+    /// The ring's claim loop: check candidates out, claim them (on the
+    /// caller's connection, or in a shared claim), settle them with the ring.
+    async fn claim_ring_loop(&self, via: Via<'_>, queue: &str, p: &PopParams, worker: &str) -> Result<ClaimResult, PopError> {
         let mut looks = 0;
         loop {
             let batch = u32::try_from(p.batch).ok();
@@ -596,7 +619,18 @@ impl PopService {
             if checkout.is_empty() {
                 return Ok(ClaimResult::default());
             }
-            let mut result = claim::claim_candidates(client, &checkout.pids(), p, worker, checkout.deep()).await?;
+            let mut result = match via {
+                Via::Client(client) => claim::claim_candidates(client, &checkout.pids(), p, worker, checkout.deep()).await?,
+                Via::Share(share) => match share.claim(checkout.pids(), p, worker).await {
+                    share::Outcome::Claimed(r) => r,
+                    share::Outcome::Busy => return Err(PopError::Pool),
+                    share::Outcome::Alone => {
+                        let _permit = self.permit().await?;
+                        let client = self.connection().await?;
+                        claim::claim_candidates(&client, &checkout.pids(), p, worker, checkout.deep()).await?
+                    }
+                },
+            };
             checkout.saw_spans(result.claimed.iter().map(|c| c.last - c.first + 1));
             let deep = match result.claimed.as_slice() {
                 [] => None,
@@ -703,6 +737,13 @@ impl PopService {
             if e.unavailable() { PopError::Unavailable(e) } else { PopError::Pool }
         })
     }
+}
+
+/// Where a ring's claim goes: a connection the pop holds, or a shared claim.
+#[derive(Clone, Copy)]
+enum Via<'a> {
+    Client(&'a deadpool_postgres::Client),
+    Share(&'a Arc<share::ClaimShare>),
 }
 
 /// Counts a long-poll as parked for as long as this lives.
