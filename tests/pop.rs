@@ -352,7 +352,7 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     }
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), got.len(), "nothing twice: {got:?}");
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_v1") >= 4, "every claim through the per-partition list");
+    assert!(calls("pop_list_v2") >= 4, "every claim through the per-partition list");
     assert_eq!(calls("pop_list_set_v1"), 0, "no set-based pass");
 }
 
@@ -393,9 +393,10 @@ async fn after_a_claim_filled_from_one_partition_the_next_ones_skip_the_set_base
     assert_eq!(pop("batch=100").await.len(), 2);
     let calls = common::calls_after_exit(&mut b).await;
     // The first claim is the set-based statement's own (it locks both cursor
-    // rows and claims from the first): nothing for pop_list_v1.
+    // rows and claims from the first): nothing for the per-partition list.
     assert_eq!(calls("pop_list_set_v1"), 2, "the first claim and the one after the claim over two partitions");
-    assert_eq!(calls("pop_list_v1"), 4, "three claims after the first, the one over both");
+    assert_eq!(calls("pop_list_v2"), 4, "three claims after the first, the one over both");
+    assert_eq!(calls("pop_list_v1"), 0, "the set-based claims needed no per-partition pass");
 }
 
 #[tokio::test]
@@ -784,5 +785,48 @@ async fn batch_one_pops_share_a_claim_and_each_keeps_its_own_lease() {
     assert_eq!(committed, PARTITIONS as i64, "every cursor at its partition's end, no lease left");
     drop(sql);
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_shared_v1") >= 1, "concurrent pops shared a claim");
+    assert!(calls("pop_list_shared_v2") >= 1, "concurrent pops shared a claim");
+}
+
+/// A claim of one partition leaves out the blob of the segment the broker
+/// says it holds decompressed (`pop_list_v2`'s `p_cached`, migration 0049)
+/// and ships any other; the broker answers from its own copy.
+#[tokio::test]
+async fn a_claim_leaves_out_the_segment_the_broker_holds() {
+    let b = Broker::start().await;
+    b.push_to("held", "p", &[json!(1), json!(2), json!(3), json!(4)]).await;
+    let first = b.pop("/api/v1/pop/queue/held?batch=1&consumerGroup=g&autoAck=true").await;
+    assert_eq!(first.data(), [json!(1)]);
+    let pid: i64 = first.messages()[0]["partitionId"].as_str().unwrap().parse().unwrap();
+    let sql = b.sql().await;
+    for (cached, shipped) in [(None, true), (Some(0i64), false), (Some(7), true)] {
+        sql.batch_execute("BEGIN").await.unwrap();
+        let rows = sql
+            .query(
+                "SELECT o_kind, o_blob IS NOT NULL, o_base_offset, o_start_idx, o_take, o_first, o_last
+                 FROM queen.pop_list_v2(ARRAY[$1::bigint], ARRAY[$2::bigint], 'g', 'w', 60, false, 1, 0, NULL, NULL)",
+                &[&pid, &cached],
+            )
+            .await
+            .unwrap();
+        sql.batch_execute("ROLLBACK").await.unwrap();
+        let got: Vec<(String, bool, Option<i64>, Option<i32>, Option<i32>, Option<i64>, Option<i64>)> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6))).collect();
+        assert_eq!(
+            got,
+            [("segment".into(), shipped, Some(0), Some(1), Some(1), None, None), ("claimed".into(), false, Some(3), None, None, Some(1), Some(1))],
+            "held segment {cached:?}"
+        );
+    }
+    // Through the broker, which holds the segment since the first pop: one
+    // message at a time, under a lease, each acked, in order.
+    for want in 2..=4 {
+        let r = b.pop("/api/v1/pop/queue/held?batch=1&consumerGroup=g").await;
+        assert_eq!(r.data(), [json!(want)]);
+        let m = &r.messages()[0];
+        let lease = r.body.as_ref().unwrap()["leaseId"].as_str().unwrap().to_string();
+        let acked = b.ack_batch(Some("g"), &[(m["transactionId"].as_str().unwrap(), m["partitionId"].as_str().unwrap(), "completed", Some(&lease))]).await;
+        assert_eq!(acked[0]["success"], true);
+    }
+    assert_eq!(b.pop("/api/v1/pop/queue/held?batch=1&consumerGroup=g").await.status, 204);
 }

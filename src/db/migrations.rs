@@ -82,6 +82,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(46, "0046_first_contact_seeds_in_chunks.sql"),
     migration!(47, "0047_ack_skips_handover_lookups.sql"),
     migration!(48, "0048_pops_share_a_claim.sql"),
+    migration!(49, "0049_claims_skip_cached_segments.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -214,12 +215,13 @@ mod tests {
         // 0030_reseed_window.sql the reseed of whole queues, 0038 the
         // producer expiry with one idleness, 0040 the locks of one namespace,
         // 0041 the discovery across tenants, 0043 the Kafka producers of
-        // no tenant, 0046 the first contact that covers the whole queue).
+        // no tenant, 0046 the first contact that covers the whole queue,
+        // 0049 the shared claim that ships every blob).
         live.extend(
             ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1",
              "hotlist_seed_many_v1", "kafka_producers_expire_v1", "lock_acquire_v2", "lock_holders_v2",
              "pop_discover_v1", "kafka_init_producer_v1", "kafka_init_transactional_v1", "kafka_produce_begin_v1",
-             "first_contact_v1"]
+             "first_contact_v1", "pop_list_shared_v1"]
                 .map(String::from),
         );
         let mut i = 0;

@@ -93,7 +93,9 @@ claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_set_v1($1, $2, $3, $4, $5, $6
 // every row (about 125 of its 290 µs at batch 1, docs/PERFORMANCE.md, stop 13),
 // and pop_list_set_v1 would lock every candidate's cursor row to claim one.
 // Both answer the same rows (tests/pop.rs compares them); only the cost differs.
-claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+// (pop_list_v2, 0049: pop_list_v1 told which segment of each candidate the
+// broker holds decompressed, so that one is not shipped: `$10`.)
+claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v2($1, $10, $2, $3, $4, $5, $6, $7, $8, $9)");
 claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
 claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)");
 claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
@@ -103,10 +105,10 @@ claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5
 claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_partition, $11::text AS o_queue, c.*
     FROM queen.pop_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
 // Several pops' claims of one partition each in one statement and one
-// transaction (`pop::share`, 0048_pops_share_a_claim.sql): pop_list_v1 per
+// transaction (`pop::share`, 0048_pops_share_a_claim.sql; v2: 0049): pop_list_v2 per
 // slot, every row tagged with its slot. Never asynchronous: `pop::share`
 // takes no pop that asks for it.
-const SHARED_SQL: &str = "SELECT * FROM queen.pop_list_shared_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const SHARED_SQL: &str = "SELECT * FROM queen.pop_list_shared_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const RESEED_WINDOW_SQL: &str =
     "SELECT o_ring, o_edge, o_seen, o_pending, o_partition_id, o_partition FROM queen.hotlist_seed_window_v1($1, $2, $3, $4)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v2($1, $2, $3, $4, $5)";
@@ -148,14 +150,18 @@ pub async fn claim_route(
 
 /// The hot-list claim: the broker chose the candidates. `deep`: the first
 /// candidate is expected to fill the batch (`hotlist::Checkout::deep`).
+/// `held`: segments of candidates the broker holds decompressed; a claim of
+/// one partition does not ship them (`Held`).
 pub async fn claim_candidates(
     client: &deadpool_postgres::Client,
     pids: &[i64],
     p: &PopParams,
     worker: &str,
     deep: bool,
+    held: &Held,
 ) -> Result<ClaimResult, tokio_postgres::Error> {
-    let args: [&(dyn ToSql + Sync); 9] = [
+    let cached = held.bases(pids);
+    let args: [&(dyn ToSql + Sync); 10] = [
         &pids,
         &p.group,
         &worker,
@@ -165,10 +171,41 @@ pub async fn claim_candidates(
         &p.partitions,
         &p.intent_mode,
         &p.intent_from,
+        &cached,
     ];
     let one = deep || p.batch == 1 || p.partitions == 1 || pids.len() == 1;
-    let sql = if one { ONE_SQL } else { LIST_SQL };
-    Ok(assemble(query(client, sql[p.async_commit as usize], &args).await?))
+    let (sql, args) = if one { (ONE_SQL, &args[..]) } else { (LIST_SQL, &args[..9]) };
+    let mut result = assemble(query(client, sql[p.async_commit as usize], args).await?);
+    held.fill(&mut result);
+    Ok(result)
+}
+
+/// Segments of a claim's candidates that the broker holds decompressed
+/// (`pop::frames`), taken before the claim so that they are there when it
+/// answers: the claim leaves their blobs out (`pop_list_v2`), and `fill`
+/// hands the claim the broker's copy instead.
+#[derive(Default)]
+pub struct Held(Vec<(i64, i64, std::sync::Arc<super::frames::Decoded>)>);
+
+impl Held {
+    /// The newest held segment of each of `pids`, from `cache`.
+    pub fn of(cache: &super::frames::FrameCache, pids: &[i64]) -> Held {
+        Held(pids.iter().filter_map(|&pid| cache.newest(pid).map(|(base, d)| (pid, base, d))).collect())
+    }
+
+    /// For each of `pids`, the base offset of its held segment, if any.
+    fn bases(&self, pids: &[i64]) -> Vec<Option<i64>> {
+        pids.iter().map(|pid| self.0.iter().find(|(p, _, _)| p == pid).map(|(_, base, _)| *base)).collect()
+    }
+
+    /// Gives each segment the claim left out its held frames.
+    fn fill(&self, result: &mut ClaimResult) {
+        for c in &mut result.claimed {
+            for seg in c.segments.iter_mut().filter(|s| s.blob.is_empty() && s.decoded.is_none()) {
+                seg.decoded = self.0.iter().find(|(p, b, _)| *p == c.partition_id && *b == seg.base_offset).map(|(_, _, d)| d.clone());
+            }
+        }
+    }
 }
 
 /// One pop's part of a shared claim (`pop::share`): the candidates the ring
@@ -177,17 +214,20 @@ pub struct ClaimSlot<'a> {
     pub pids: &'a [i64],
     pub p: &'a PopParams,
     pub worker: &'a str,
+    pub held: &'a Held,
 }
 
 /// The claims of several pops in one round trip and one transaction: each
 /// slot claims from its own candidates as `claim_candidates` would for a
-/// claim of one partition (`pop_list_v1`), and gets its own result, in
+/// claim of one partition (`pop_list_v2`), and gets its own result, in
 /// order.
 pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot<'_>]) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
     let mut pids = Vec::new();
+    let mut cached = Vec::new();
     let mut ends = Vec::with_capacity(slots.len());
     for s in slots {
         pids.extend_from_slice(s.pids);
+        cached.extend(s.held.bases(s.pids));
         ends.push(i32::try_from(pids.len()).unwrap_or(i32::MAX));
     }
     let groups: Vec<&str> = slots.iter().map(|s| s.p.group.as_str()).collect();
@@ -198,7 +238,7 @@ pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot
     let caps: Vec<i32> = slots.iter().map(|s| s.p.partitions).collect();
     let modes: Vec<Option<&str>> = slots.iter().map(|s| s.p.intent_mode).collect();
     let froms: Vec<Option<DateTime<Utc>>> = slots.iter().map(|s| s.p.intent_from).collect();
-    let args: [&(dyn ToSql + Sync); 10] = [&ends, &pids, &groups, &workers, &leases, &auto_acks, &budgets, &caps, &modes, &froms];
+    let args: [&(dyn ToSql + Sync); 11] = [&ends, &pids, &cached, &groups, &workers, &leases, &auto_acks, &budgets, &caps, &modes, &froms];
     let mut per: Vec<Vec<Row>> = slots.iter().map(|_| Vec::new()).collect();
     for row in query(client, SHARED_SQL, &args).await? {
         let slot = usize::try_from(row.get::<_, i32>("o_slot")).unwrap_or(0);
@@ -206,7 +246,15 @@ pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot
             rows.push(row);
         }
     }
-    Ok(per.into_iter().map(assemble).collect())
+    Ok(per
+        .into_iter()
+        .zip(slots)
+        .map(|(rows, s)| {
+            let mut result = assemble(rows);
+            s.held.fill(&mut result);
+            result
+        })
+        .collect())
 }
 
 /// The hot-list claim of one partition of a windowBuffer queue, once the
@@ -377,7 +425,8 @@ fn assemble(rows: Vec<Row>) -> ClaimResult {
                     take: row.get::<_, i32>("o_take") as usize,
                     msg_count: row.get::<_, i32>("o_msg_count") as usize,
                     created_at: row.get("o_created_at"),
-                    blob: row.get("o_blob"),
+                    // NULL: a segment the broker holds (`Held`).
+                    blob: row.get::<_, Option<Vec<u8>>>("o_blob").unwrap_or_default(),
                     decoded: None,
                 });
                 continue;

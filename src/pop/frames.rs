@@ -122,6 +122,13 @@ impl FrameCache {
         inner.entries.get(&(pid, base)).map(|(d, _)| (base, d.clone()))
     }
 
+    /// The newest cached segment of `pid`: its base and frames.
+    pub fn newest(&self, pid: i64) -> Option<(i64, Arc<Decoded>)> {
+        let inner = self.lock();
+        let &(base, _) = inner.newest.get(&pid)?;
+        inner.entries.get(&(pid, base)).map(|(d, _)| (base, d.clone()))
+    }
+
     /// A pop delivered the segment's last message: no reader of this
     /// partition's group needs it next.
     pub fn done(&self, pid: i64, base: i64) {

@@ -603,6 +603,16 @@ impl PopService {
         self.claim_ring_loop(Via::Client(client), queue, p, worker).await
     }
 
+    /// The segments of `pids` this broker holds decompressed, which their
+    /// claim need not ship: none for a pop that forwards stored blobs (`QPF1`
+    /// frames without an encryption key).
+    fn held(&self, pids: &[i64], p: &PopParams) -> claim::Held {
+        if p.frames && self.encryption.ring().is_none() {
+            return claim::Held::default();
+        }
+        claim::Held::of(&self.handover.frames, pids)
+    }
+
     /// Whether `queue` holds partitions back for a `windowBuffer` (the
     /// broker times the hold: `claim_window_ring`).
     fn windowed(&self, queue: &str) -> bool {
@@ -619,15 +629,16 @@ impl PopService {
             if checkout.is_empty() {
                 return Ok(ClaimResult::default());
             }
+            let pids = checkout.pids();
             let mut result = match via {
-                Via::Client(client) => claim::claim_candidates(client, &checkout.pids(), p, worker, checkout.deep()).await?,
-                Via::Share(share) => match share.claim(checkout.pids(), p, worker).await {
+                Via::Client(client) => claim::claim_candidates(client, &pids, p, worker, checkout.deep(), &self.held(&pids, p)).await?,
+                Via::Share(share) => match share.claim(pids.clone(), p, worker, self.held(&pids, p)).await {
                     share::Outcome::Claimed(r) => r,
                     share::Outcome::Busy => return Err(PopError::Pool),
                     share::Outcome::Alone => {
                         let _permit = self.permit().await?;
                         let client = self.connection().await?;
-                        claim::claim_candidates(&client, &checkout.pids(), p, worker, checkout.deep()).await?
+                        claim::claim_candidates(&client, &pids, p, worker, checkout.deep(), &self.held(&pids, p)).await?
                     }
                 },
             };

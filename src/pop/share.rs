@@ -14,7 +14,7 @@
 //!
 //! Each pop is a slot with the candidates the ring checked out for it alone
 //! (no two slots share a partition), its own parameters and its own lease
-//! id: the claim rules are the per-partition list's (`pop_list_v1`), slot by
+//! id: the claim rules are the per-partition list's (`pop_list_v2`), slot by
 //! slot. What a failure means: no permit in time, or no connection while
 //! PostgreSQL is up, is the pool's busy answer for every pop of the batch,
 //! as it was for each alone; anything else (the statement failed, or
@@ -28,7 +28,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
 
-use super::claim::{self, ClaimResult, ClaimSlot};
+use super::claim::{self, ClaimResult, ClaimSlot, Held};
 use super::params::PopParams;
 use crate::db::limiter::AdaptiveLimiter;
 use crate::db::share::{Share, Shared};
@@ -50,6 +50,7 @@ struct Pending {
     pids: Vec<i64>,
     params: PopParams,
     worker: String,
+    held: Held,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -82,10 +83,10 @@ impl ClaimShare {
 
     /// Claims from `pids` for one pop, together with whatever other pops
     /// queue meanwhile.
-    pub async fn claim(self: &Arc<Self>, pids: Vec<i64>, p: &PopParams, worker: &str) -> Outcome {
+    pub async fn claim(self: &Arc<Self>, pids: Vec<i64>, p: &PopParams, worker: &str, held: Held) -> Outcome {
         let (reply, answer) = oneshot::channel();
         let me = self.clone();
-        let pending = Pending { pids, params: p.clone(), worker: worker.to_string(), reply };
+        let pending = Pending { pids, params: p.clone(), worker: worker.to_string(), held, reply };
         self.share.submit(pending, move |batch| {
             let me = me.clone();
             async move { me.write(batch).await }
@@ -111,10 +112,10 @@ impl ClaimShare {
         };
         let claimed = match batch {
             // A lone pop: the statement it would have sent itself.
-            [one] => claim::claim_candidates(&client, &one.pids, &one.params, &one.worker, true).await.map(|r| vec![r]),
+            [one] => claim::claim_candidates(&client, &one.pids, &one.params, &one.worker, true, &one.held).await.map(|r| vec![r]),
             _ => {
                 let slots: Vec<ClaimSlot<'_>> =
-                    batch.iter().map(|q| ClaimSlot { pids: &q.pids, p: &q.params, worker: &q.worker }).collect();
+                    batch.iter().map(|q| ClaimSlot { pids: &q.pids, p: &q.params, worker: &q.worker, held: &q.held }).collect();
                 claim::claim_shared(&client, &slots).await
             }
         };
