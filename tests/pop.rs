@@ -830,3 +830,35 @@ async fn a_claim_leaves_out_the_segment_the_broker_holds() {
     }
     assert_eq!(b.pop("/api/v1/pop/queue/held?batch=1&consumerGroup=g").await.status, 204);
 }
+
+/// A pop whose client hangs up while it waits for a shared claim does not
+/// keep the lease that claim then takes for it: the lease goes back at once
+/// (`pop::share` through `Handover::return_claim`), and the message is the
+/// next pop's, not after the lease time (60 s here).
+#[tokio::test]
+async fn a_lease_claimed_for_a_pop_that_hung_up_goes_back_at_once() {
+    let b = Broker::start_with(&[("QUEEN_HOTLIST", "true"), ("QUEEN_POP_CLAIM_WRITERS", "1")]).await;
+    for p in 0..5 {
+        b.push_to("gone", &format!("p{p}"), &[json!(p)]).await;
+    }
+    let pop = "/api/v1/pop/queue/gone?consumerGroup=g&batch=1&partitions=1&leaseSeconds=60";
+    assert_eq!(b.pop(&format!("{pop}&autoAck=true")).await.status, 200, "the group's first contact");
+    // A's claim waits on a lock, so B's queues behind it; B's client gives up.
+    let sql = b.sql().await;
+    sql.batch_execute("BEGIN; LOCK TABLE queen.consumers IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    let (http, url) = (b.http.clone(), format!("{}{pop}", b.url));
+    let a = tokio::spawn(async move { http.get(url).send().await.unwrap().status().as_u16() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(300)).build().unwrap();
+    assert!(impatient.get(format!("{}{pop}", b.url)).send().await.is_err(), "B's client gave up first");
+    sql.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(a.await.unwrap(), 200, "A got its message");
+    // The three messages left are all there for the next pops, B's too.
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while got.len() < 3 && tokio::time::Instant::now() < deadline {
+        got.extend(b.pop("/api/v1/pop/queue/gone?consumerGroup=g&batch=10&autoAck=true").await.data());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(got.len(), 3, "the lease taken for the pop that hung up went back: {got:?}");
+}

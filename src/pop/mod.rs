@@ -132,9 +132,9 @@ impl PopService {
             (pool_size * 3 / 4).max(1),
             cfg.adaptive_permits,
         ));
-        let claims = share::ClaimShare::new(pool.clone(), permits.clone(), pool_wait, cfg.claim_writers);
         let wake = Arc::new(WakeGates::default());
         let handover = Arc::new(handover::Handover::new(wake.clone(), cfg.frame_cache_bytes));
+        let claims = share::ClaimShare::new(pool.clone(), handover.clone(), permits.clone(), pool_wait, cfg.claim_writers);
         Arc::new(PopService {
             pool,
             hotlist: HotList::new(cfg.hotlist_reseed),

@@ -29,6 +29,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
 
 use super::claim::{self, ClaimResult, ClaimSlot, Held};
+use super::handover::Handover;
 use super::params::PopParams;
 use crate::db::limiter::AdaptiveLimiter;
 use crate::db::share::{Share, Shared};
@@ -63,6 +64,7 @@ impl Shared for Pending {
 /// The queue of batch-1 claims waiting for a shared one.
 pub struct ClaimShare {
     pool: Pool,
+    handover: Arc<Handover>,
     permits: Arc<AdaptiveLimiter>,
     pool_wait: Duration,
     share: Arc<Share<Pending>>,
@@ -70,8 +72,15 @@ pub struct ClaimShare {
 
 impl ClaimShare {
     /// `None` when `writers` is 0: every pop claims in its own transaction.
-    pub fn new(pool: Pool, permits: Arc<AdaptiveLimiter>, pool_wait: Duration, writers: usize) -> Option<Arc<ClaimShare>> {
-        (writers > 0).then(|| Arc::new(ClaimShare { pool, permits, pool_wait, share: Arc::new(Share::new(writers, MAX_SLOTS)) }))
+    pub fn new(
+        pool: Pool,
+        handover: Arc<Handover>,
+        permits: Arc<AdaptiveLimiter>,
+        pool_wait: Duration,
+        writers: usize,
+    ) -> Option<Arc<ClaimShare>> {
+        let share = Arc::new(Share::new(writers, MAX_SLOTS));
+        (writers > 0).then(|| Arc::new(ClaimShare { pool, handover, permits, pool_wait, share }))
     }
 
     /// Whether a pop's claim may be shared: one message (so the claim takes
@@ -95,11 +104,16 @@ impl ClaimShare {
         answer.await.unwrap_or(Outcome::Alone)
     }
 
-    /// One shared claim: every pop of `batch` is answered.
+    /// One shared claim: every pop of `batch` is answered. A pop that went
+    /// away while it waited (its client hung up) cannot deliver its claim:
+    /// the leases go back at once (`Handover::return_claim`), so its
+    /// messages do not wait out the lease time.
     async fn write(&self, batch: Vec<Pending>) {
         let outcomes = self.claim_all(&batch).await;
-        for (pending, outcome) in batch.into_iter().zip(outcomes) {
-            let _ = pending.reply.send(outcome);
+        for (Pending { params, worker, reply, .. }, outcome) in batch.into_iter().zip(outcomes) {
+            if let Err(Outcome::Claimed(orphan)) = reply.send(outcome) {
+                self.handover.return_claim(&self.pool, orphan, &params.group, &worker);
+            }
         }
     }
 
