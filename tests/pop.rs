@@ -653,6 +653,159 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     other.batch_execute("ROLLBACK").await.unwrap();
 }
 
+/// One slot of a shared claim, as `pop::share` sends it: candidates, the
+/// segment base it holds of each, lease id, budget, partition cap, autoAck.
+type Slot<'a> = (&'a [i64], Vec<Option<i64>>, &'a str, i32, i32, bool);
+
+/// A shared claim's rows, each as one line (blobs as digests, `held` for a
+/// segment whose blob was left out), in the order they came, in the
+/// caller's transaction. Slot i's lease time is 30 + i seconds.
+async fn shared_claim(sql: &tokio_postgres::Client, function: &str, slots: &[Slot<'_>]) -> Vec<String> {
+    let (mut ends, mut pids, mut cached) = (Vec::new(), Vec::new(), Vec::new());
+    for (p, c, ..) in slots {
+        pids.extend_from_slice(p);
+        cached.extend_from_slice(c);
+        ends.push(pids.len() as i32);
+    }
+    let n = slots.len();
+    let workers: Vec<&str> = slots.iter().map(|s| s.2).collect();
+    let leases: Vec<i32> = (0..n as i32).map(|i| 30 + i).collect();
+    let budgets: Vec<i32> = slots.iter().map(|s| s.3).collect();
+    let caps: Vec<i32> = slots.iter().map(|s| s.4).collect();
+    let auto: Vec<bool> = slots.iter().map(|s| s.5).collect();
+    let rows = sql
+        .query(
+            &format!(
+                "SELECT format('%s %s %s %s %s %s %s %s %s %s %s %s %s', o_slot, o_partition_id,
+                        CASE WHEN o_kind = 'busy' THEN NULL ELSE o_partition END, o_kind, o_base_offset, o_start_idx,
+                        o_take, o_created_at, CASE WHEN o_kind = 'segment' THEN COALESCE(md5(o_blob), 'held') END,
+                        o_first, o_last, o_attempt, o_msg_count)
+                 FROM queen.{function}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+            ),
+            &[&ends, &pids, &cached, &vec!["g"; n], &workers, &leases, &auto, &budgets, &caps, &vec![None::<&str>; n],
+              &vec![None::<chrono::DateTime<chrono::Utc>>; n]],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// A shared claim's answer in comparable form: each slot's rows in the order
+/// they came, then the group's cursor rows as the claim left them. Rolled
+/// back.
+async fn shared_claim_and_roll_back(sql: &tokio_postgres::Client, function: &str, slots: &[Slot<'_>]) -> (Vec<String>, Vec<String>) {
+    sql.batch_execute("BEGIN").await.unwrap();
+    let mut answer: Vec<(i64, usize, String)> = shared_claim(sql, function, slots)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, line)| (line.split(' ').next().unwrap().parse().unwrap(), i, line))
+        .collect();
+    answer.sort(); // by slot, keeping each slot's own order
+    let cursors = sql
+        .query(
+            "SELECT format('%s %s %s %s %s %s %s %s %s', partition_id, committed, worker_id, batch_end, attempt_count,
+                           attempt_offset, total_consumed, last_consumed_at IS NOT NULL, lease_expires_at - lease_acquired_at)
+             FROM queen.consumers WHERE consumer_group = 'g' ORDER BY partition_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    sql.batch_execute("ROLLBACK").await.unwrap();
+    (answer.into_iter().map(|(.., l)| l).collect(), cursors.iter().map(|r| r.get(0)).collect())
+}
+
+/// `pop_list_shared_v3` (0050) claims every slot's first candidate in one
+/// set-based statement; each slot must get what `pop_list_shared_v2` (which
+/// runs `pop_list_v2` slot by slot) gives it, rows, order and cursor rows
+/// alike: a plain first candidate, a cursor inside a segment, a leased one
+/// and one locked elsewhere ('busy', then the next candidate), one without a
+/// cursor row and a gated queue (handed to the per-partition path), a slot
+/// without candidates, two slots with one first candidate (the ring never
+/// checks a partition out twice; the first slot has it), a held segment, a
+/// budget past one segment, the partition cap, autoAck, per-slot lease ids
+/// and lease times.
+#[tokio::test]
+async fn the_shared_set_claim_answers_what_each_slot_claimed_alone_answers() {
+    let b = Broker::start().await;
+    for (i, n) in [3, 4, 5, 6, 7, 2].into_iter().enumerate() {
+        let payloads: Vec<Value> = (0..n).map(|k| json!({ "p": i, "k": k })).collect();
+        b.push_to("diff", &format!("p{i}"), &payloads).await;
+    }
+    b.push_to("diff", "p2", &[json!("second segment"), json!("of p2")]).await;
+    b.push_to("gated", "g0", &[json!(1), json!(2)]).await;
+    let sql = b.sql().await;
+    sql.batch_execute(
+        "SELECT queen.register_group_v1(id, 'g', NULL, NULL) FROM queen.queues;
+         UPDATE queen.queues SET window_buffer = 3600 WHERE name = 'gated';",
+    )
+    .await
+    .unwrap();
+    b.push_to("diff", "late", &[json!("no cursor row yet")]).await;
+    sql.batch_execute(
+        "UPDATE queen.consumers c SET committed = 1 FROM queen.partitions p
+             WHERE p.id = c.partition_id AND p.name = 'p1';
+         UPDATE queen.consumers c SET committed = 4 FROM queen.partitions p
+             WHERE p.id = c.partition_id AND p.name = 'p2';
+         UPDATE queen.consumers c SET worker_id = 'other', lease_expires_at = now() + interval '1 hour'
+             FROM queen.partitions p WHERE p.id = c.partition_id AND p.name = 'p3';",
+    )
+    .await
+    .unwrap();
+    let mut id = HashMap::new();
+    for name in ["p0", "p1", "p2", "p3", "p4", "p5", "late", "g0"] {
+        let row = sql.query_one("SELECT id FROM queen.partitions WHERE name = $1", &[&name]).await.unwrap();
+        id.insert(name, row.get::<_, i64>(0));
+    }
+    let ids = |names: &[&str]| -> Vec<i64> { names.iter().map(|n| id[n]).collect() };
+    let (a, bb, c, d, e, p0) = (ids(&["p0", "p5"]), ids(&["p3", "p1"]), ids(&["late", "p4"]), ids(&["g0"]), ids(&["p2"]), ids(&["p0"]));
+    let held = |n: usize| vec![None; n];
+    for (budget, cap, auto) in [(1, 0, false), (1, 0, true), (3, 0, false), (8, 0, false), (8, 1, false), (2, 2, true)] {
+        let slots: Vec<Slot<'_>> = vec![
+            (&a, held(2), "w1", budget, cap, auto),
+            (&[], vec![], "w2", budget, cap, auto),
+            (&bb, held(2), "w3", budget, cap, auto),
+            (&c, held(2), "w4", budget, cap, auto),
+            (&d, held(1), "w5", budget, cap, auto),
+            (&e, vec![Some(5)], "w6", budget, cap, auto),
+            (&p0, held(1), "w7", budget, cap, auto),
+        ];
+        let each = shared_claim_and_roll_back(&sql, "pop_list_shared_v2", &slots).await;
+        let set = shared_claim_and_roll_back(&sql, "pop_list_shared_v3", &slots).await;
+        assert_eq!(set, each, "(budget, cap, autoAck) = {:?}", (budget, cap, auto));
+        let lines = |slot: usize, kind: &str| set.0.iter().filter(|r| r.starts_with(&format!("{slot} ")) && r.contains(&format!(" {kind} "))).count();
+        assert_eq!((lines(3, "busy"), lines(3, "claimed")), (1, 1), "p3 leased, then p1: {:#?}", set.0);
+        // p0 is slot 1's: leased to it, or (autoAck) its next message is slot 7's.
+        assert_eq!((lines(7, "busy"), lines(7, "claimed")), if auto { (0, 1) } else { (1, 0) }, "{:#?}", set.0);
+        assert_eq!((lines(1, "claimed"), lines(5, "deferred"), lines(6, "claimed")), (1 + usize::from(budget > 3 && cap != 1), 1, 1), "{:#?}", set.0);
+        let p2 = format!("6 {} p2 segment 5 0 ", id["p2"]);
+        assert!(set.0.iter().any(|r| r.starts_with(&p2) && r.contains(" held ")), "p2's head, which slot 6 holds, left out: {:#?}", set.0);
+    }
+
+    // Plain first candidates of batch-1 slots: one statement, no per-slot call.
+    let (p1, p4) = (ids(&["p1"]), ids(&["p4"]));
+    let plain: Vec<Slot<'_>> = vec![(&p0, held(1), "w1", 1, 0, false), (&p1, held(1), "w2", 1, 0, false), (&p4, held(1), "w3", 1, 0, false)];
+    let counted = b.sql().await;
+    counted.batch_execute("SET track_functions = 'pl'; BEGIN").await.unwrap();
+    let rows = shared_claim(&counted, "pop_list_shared_v3", &plain).await;
+    let called = counted.query("SELECT funcname::text FROM pg_stat_xact_user_functions ORDER BY 1", &[]).await.unwrap();
+    counted.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(rows.iter().filter(|r| r.contains(" claimed ")).count(), 3, "{rows:#?}");
+    assert_eq!(called.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>(), ["pop_list_shared_v3"]);
+
+    // p0's cursor row locked by another transaction: 'busy', then p5.
+    let other = common::cluster().connect(&b.db).await;
+    other.batch_execute("BEGIN").await.unwrap();
+    other.execute("SELECT 1 FROM queen.consumers WHERE partition_id = $1 FOR UPDATE", &[&id["p0"]]).await.unwrap();
+    let slots: Vec<Slot<'_>> = vec![(&a, held(2), "w1", 1, 0, false), (&bb, held(2), "w3", 1, 0, false)];
+    let each = shared_claim_and_roll_back(&sql, "pop_list_shared_v2", &slots).await;
+    let set = shared_claim_and_roll_back(&sql, "pop_list_shared_v3", &slots).await;
+    assert_eq!(set, each);
+    assert!(set.0[0].starts_with(&format!("1 {}  busy", id["p0"])), "{:#?}", set.0);
+    assert!(set.0.iter().any(|r| r.starts_with(&format!("1 {} p5 claimed", id["p5"]))), "{:#?}", set.0);
+    other.batch_execute("ROLLBACK").await.unwrap();
+}
+
 /// With `QUEEN_POP_AUTOACK_ASYNC_COMMIT` on, an autoAck claim commits without
 /// waiting for the WAL flush; by default it waits (at-most-once, API.md), and
 /// a leased claim always waits. The setting ends with the claim's own
@@ -785,7 +938,7 @@ async fn batch_one_pops_share_a_claim_and_each_keeps_its_own_lease() {
     assert_eq!(committed, PARTITIONS as i64, "every cursor at its partition's end, no lease left");
     drop(sql);
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_shared_v2") >= 1, "concurrent pops shared a claim");
+    assert!(calls("pop_list_shared_v3") >= 1, "concurrent pops shared a claim");
 }
 
 /// A claim of one partition leaves out the blob of the segment the broker

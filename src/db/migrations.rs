@@ -83,6 +83,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(47, "0047_ack_skips_handover_lookups.sql"),
     migration!(48, "0048_pops_share_a_claim.sql"),
     migration!(49, "0049_claims_skip_cached_segments.sql"),
+    migration!(50, "0050_shared_claims_as_a_set.sql"),
 ];
 
 /// The first migration of the development history squashed into the
@@ -216,12 +217,13 @@ mod tests {
         // producer expiry with one idleness, 0040 the locks of one namespace,
         // 0041 the discovery across tenants, 0043 the Kafka producers of
         // no tenant, 0046 the first contact that covers the whole queue,
-        // 0049 the shared claim that ships every blob).
+        // 0049 the shared claim that ships every blob, 0050 the shared claim
+        // that runs slot by slot).
         live.extend(
             ["push_segments_v2", "push_segment_v1", "lock_acquire_v1", "lock_holders_v1", "timer_schedule_v1", "ack_completed_many_v1",
              "hotlist_seed_many_v1", "kafka_producers_expire_v1", "lock_acquire_v2", "lock_holders_v2",
              "pop_discover_v1", "kafka_init_producer_v1", "kafka_init_transactional_v1", "kafka_produce_begin_v1",
-             "first_contact_v1", "pop_list_shared_v1"]
+             "first_contact_v1", "pop_list_shared_v1", "pop_list_shared_v2"]
                 .map(String::from),
         );
         let mut i = 0;

@@ -105,10 +105,12 @@ claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5
 claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_partition, $11::text AS o_queue, c.*
     FROM queen.pop_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
 // Several pops' claims of one partition each in one statement and one
-// transaction (`pop::share`, 0048_pops_share_a_claim.sql; v2: 0049): pop_list_v2 per
-// slot, every row tagged with its slot. Never asynchronous: `pop::share`
-// takes no pop that asks for it.
-const SHARED_SQL: &str = "SELECT * FROM queen.pop_list_shared_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+// transaction (`pop::share`, 0048_pops_share_a_claim.sql; v2: 0049; v3: 0050): every
+// slot's first candidate in one set-based statement, then pop_list_v2 for
+// the slots with budget left; every row tagged with its slot, each slot's
+// rows those pop_list_v2 would answer it alone. Never asynchronous:
+// `pop::share` takes no pop that asks for it.
+const SHARED_SQL: &str = "SELECT * FROM queen.pop_list_shared_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const RESEED_WINDOW_SQL: &str =
     "SELECT o_ring, o_edge, o_seen, o_pending, o_partition_id, o_partition FROM queen.hotlist_seed_window_v1($1, $2, $3, $4)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v2($1, $2, $3, $4, $5)";

@@ -1,7 +1,7 @@
 //! Claim sharing: pops of batch 1 that reach the broker while such a claim
 //! is in flight go to PostgreSQL together, in one statement and one
-//! transaction (`queen.pop_list_shared_v1`, migration 0048), and each is
-//! answered with its own claim.
+//! transaction (`queen.pop_list_shared_v3`, migrations 0048–0050), and each
+//! is answered with its own claim.
 //!
 //! Why: the clients' default loop is pop batch 1 + ack per message. Over
 //! 100 partitions with 32 consumers every pop was a claim statement and a
@@ -14,8 +14,9 @@
 //!
 //! Each pop is a slot with the candidates the ring checked out for it alone
 //! (no two slots share a partition), its own parameters and its own lease
-//! id: the claim rules are the per-partition list's (`pop_list_v2`), slot by
-//! slot. What a failure means: no permit in time, or no connection while
+//! id: every slot's first candidate is claimed in one set-based statement,
+//! and a slot with budget left goes on through the per-partition list
+//! (`pop_list_v2`), so each slot gets what that list would give it alone. What a failure means: no permit in time, or no connection while
 //! PostgreSQL is up, is the pool's busy answer for every pop of the batch,
 //! as it was for each alone; anything else (the statement failed, or
 //! PostgreSQL is gone) sends every pop to claim alone, as before sharing, so
