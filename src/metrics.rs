@@ -44,6 +44,9 @@ pub const ACK_GROUPS: &str = "queen_ack_groups_total";
 /// Ack requests that were applied in a commit shared with others
 /// (`ack::share`); a lone request is not counted.
 pub const ACK_SHARED_REQUESTS: &str = "queen_ack_shared_requests_total";
+/// Pops of one message whose claim was made in a transaction shared with
+/// others (`pop::share`); a lone pop is not counted.
+pub const POP_SHARED_CLAIMS: &str = "queen_pop_shared_claims_total";
 /// Partitions an ack leased on to a parked pop of its group in its own
 /// update, instead of releasing them for a claim (`pop::handover`).
 pub const POP_HANDOVERS: &str = "queen_pop_handovers_total";

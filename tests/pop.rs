@@ -329,8 +329,10 @@ async fn a_broker_killed_while_it_writes_a_groups_cursors_loses_and_repeats_noth
 }
 
 /// A claim that can take one partition only (a batch of one, a partition cap
-/// of one) goes to the per-partition list directly: the set-based one would
-/// hand it there anyway, after a read and a copy of every row.
+/// of one) goes to the per-partition list directly, or at batch 1 to the
+/// shared claim (`pop::share`, which tries each pop's first candidate only),
+/// never to `pop_list_set_v1`: that would lock every candidate's cursor row
+/// to claim one.
 #[tokio::test]
 async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     let mut b = common::broker_counting_calls(&[("QUEEN_HOTLIST", "true")]).await;
@@ -352,8 +354,9 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     }
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), got.len(), "nothing twice: {got:?}");
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_v2") >= 4, "every claim through the per-partition list");
-    assert_eq!(calls("pop_list_set_v1"), 0, "no set-based pass");
+    assert!(calls("pop_list_v2") >= 3, "the first contact's claim and the capped ones through the per-partition list");
+    assert!(calls("pop_list_shared_v3") >= 1, "the second batch-1 pop through the shared claim");
+    assert_eq!(calls("pop_list_set_v1"), 0, "no set-based pass over every candidate");
 }
 
 /// Once a claim without a partition cap fills its batch from one partition,
@@ -937,8 +940,10 @@ async fn batch_one_pops_share_a_claim_and_each_keeps_its_own_lease() {
         .get(0);
     assert_eq!(committed, PARTITIONS as i64, "every cursor at its partition's end, no lease left");
     drop(sql);
+    let shared = common::sample(&b.prometheus().await, "queen_pop_shared_claims_total").unwrap_or(0.0);
+    assert!(shared >= 2.0, "concurrent pops shared a claim: {shared}");
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_shared_v3") >= 1, "concurrent pops shared a claim");
+    assert!(calls("pop_list_shared_v3") >= 1, "the set-based shared claim");
 }
 
 /// A claim of one partition leaves out the blob of the segment the broker

@@ -125,15 +125,15 @@ impl ClaimShare {
             Ok(c) => c,
             Err(e) => return every(if crate::db::DbError::Pool(e).unavailable() { || Outcome::Alone } else { || Outcome::Busy }),
         };
-        let claimed = match batch {
-            // A lone pop: the statement it would have sent itself.
-            [one] => claim::claim_candidates(&client, &one.pids, &one.params, &one.worker, true, &one.held).await.map(|r| vec![r]),
-            _ => {
-                let slots: Vec<ClaimSlot<'_>> =
-                    batch.iter().map(|q| ClaimSlot { pids: &q.pids, p: &q.params, worker: &q.worker, held: &q.held }).collect();
-                claim::claim_shared(&client, &slots).await
-            }
-        };
+        if batch.len() > 1 {
+            metrics::counter!(crate::metrics::POP_SHARED_CLAIMS).increment(batch.len() as u64);
+        }
+        // A lone pop goes the same way: in isolation one slot's set-based
+        // claim costs less than the per-partition list (0.23 against 0.29 ms
+        // a call, pgbench); in the batch-1 loop the two measured the same.
+        let slots: Vec<ClaimSlot<'_>> =
+            batch.iter().map(|q| ClaimSlot { pids: &q.pids, p: &q.params, worker: &q.worker, held: &q.held }).collect();
+        let claimed = claim::claim_shared(&client, &slots).await;
         match claimed {
             Ok(results) => results.into_iter().map(Outcome::Claimed).collect(),
             Err(e) => {
