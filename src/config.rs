@@ -96,6 +96,10 @@ pub struct PopConfig {
     /// An autoAck claim commits without waiting for the WAL flush (off by
     /// default: autoAck is at-most-once, which a lost flush would break).
     pub autoack_async_commit: bool,
+    /// A leased claim commits without waiting for the WAL flush (off by
+    /// default: a lease a crash or a failover loses hands its messages to a
+    /// second consumer while the first may still work on them).
+    pub lease_async_commit: bool,
     /// Bytes of decompressed segments kept for the next pop of a partly
     /// delivered segment (`pop::frames`; 0 = off).
     pub frame_cache_bytes: usize,
@@ -635,6 +639,7 @@ impl Config {
                 })?,
                 adaptive_permits: env.boolean(&["QUEEN_POP_ADAPTIVE_PERMITS"], true)?,
                 autoack_async_commit: env.boolean(&["QUEEN_POP_AUTOACK_ASYNC_COMMIT"], false)?,
+                lease_async_commit: env.boolean(&["QUEEN_POP_LEASE_ASYNC_COMMIT"], false)?,
                 frame_cache_bytes: env.parse(&["QUEEN_POP_FRAME_CACHE_MB"], 64usize, "a whole number of MiB", |_| true)? << 20,
                 claim_writers: env.parse(&["QUEEN_POP_CLAIM_WRITERS"], 2usize, "a count from 0 to 64", |v| *v <= 64)?,
             },
@@ -803,6 +808,7 @@ impl Config {
         ("QUEEN_CURSOR_SEED_CHUNK", "5000", "cursors a new consumer group's first contact writes before it answers, then per background statement until every partition has one"),
         ("QUEEN_POP_ADAPTIVE_PERMITS", "true", "concurrent claims follow PostgreSQL's latency (Vegas); false = three quarters of DB_POOL_SIZE"),
         ("QUEEN_POP_AUTOACK_ASYNC_COMMIT", "false", "true = an autoAck pop's claim commits without waiting for the disk: faster drains, but after a PostgreSQL or machine crash its last ~0.6 s of deliveries may come again (at-least-once instead of at-most-once)"),
+        ("QUEEN_POP_LEASE_ASYNC_COMMIT", "false", "true = a leased pop's claim commits without waiting for the disk (leased drains about a quarter faster), but after a PostgreSQL or machine crash, or a failover, the leases of its last ~0.6 s may be lost and their messages handed to a second consumer while the first still holds them"),
         ("QUEEN_CACHE_REFRESH_INTERVAL_MS", "60000", "how often per-queue settings cached in the broker (minPopWaitTime) are reloaded"),
         ("QUEEN_POP_CLAIM_WRITERS", "2", "most shared claims in flight: batch-1 pops that arrive while one runs claim together in one transaction, each with its own lease (measured: docs/DECISIONS.md); 0 = every pop claims in its own transaction"),
         ("QUEEN_POP_FRAME_CACHE_MB", "64", "memory for decompressed segments a pop delivered only in part, kept for the next pop of the same segment (0 = off: every pop decompresses its segment)"),

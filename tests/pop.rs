@@ -810,11 +810,12 @@ async fn the_shared_set_claim_answers_what_each_slot_claimed_alone_answers() {
 }
 
 /// With `QUEEN_POP_AUTOACK_ASYNC_COMMIT` on, an autoAck claim commits without
-/// waiting for the WAL flush; by default it waits (at-most-once, API.md), and
-/// a leased claim always waits. The setting ends with the claim's own
-/// transaction: the pooled connection's next statement (a push's commit, say)
-/// waits for the disk again. Driven through the broker's claim statements on
-/// a pooled client.
+/// waiting for the WAL flush; by default it waits (at-most-once, API.md). A
+/// leased claim waits unless `QUEEN_POP_LEASE_ASYNC_COMMIT` is on (a lease a
+/// crash loses goes to a second consumer). The setting ends with the claim's
+/// own transaction: the pooled connection's next statement (a push's commit,
+/// say) waits for the disk again. Driven through the broker's claim
+/// statements on a pooled client.
 #[tokio::test]
 async fn an_autoack_claim_skips_the_disk_wait_only_when_configured_to() {
     use queen::pop::claim::claim_route;
@@ -832,12 +833,15 @@ async fn an_autoack_claim_skips_the_disk_wait_only_when_configured_to() {
     let setting = || async { client.query_one("SHOW synchronous_commit", &[]).await.unwrap().get::<_, String>(0) };
     let route = Route::Specific { queue: "ac".into(), partition: "p".into() };
     let params = |auto_ack: &str, env: Option<&str>| {
-        let cfg = queen::config::Config::from_lookup(|k| (k == "QUEEN_POP_AUTOACK_ASYNC_COMMIT").then(|| env.map(String::from)).flatten()).unwrap();
+        let key = if auto_ack == "true" { "QUEEN_POP_AUTOACK_ASYNC_COMMIT" } else { "QUEEN_POP_LEASE_ASYNC_COMMIT" };
+        let cfg = queen::config::Config::from_lookup(|k| (k == key).then(|| env.map(String::from)).flatten()).unwrap();
         let pairs = [("autoAck".to_string(), auto_ack.to_string()), ("batch".to_string(), "1".to_string())];
         PopParams::parse(&pairs, &cfg.pop).unwrap()
     };
-    // The leased claim last: its lease holds the partition afterwards.
-    for (auto_ack, env, inside) in [("true", Some("true"), "off"), ("true", None, "on"), ("false", Some("true"), "on")] {
+    // The leased claims last, and only the last committed: its lease holds
+    // the partition afterwards.
+    let cases = [("true", Some("true"), "off"), ("true", None, "on"), ("false", Some("true"), "off"), ("false", None, "on")];
+    for (i, (auto_ack, env, inside)) in cases.into_iter().enumerate() {
         let p = params(auto_ack, env);
         assert_eq!(p.async_commit, inside == "off");
         // Inside a transaction block, to read the setting the claim's COMMIT
@@ -846,8 +850,11 @@ async fn an_autoack_claim_skips_the_disk_wait_only_when_configured_to() {
             client.batch_execute("BEGIN").await.unwrap();
             let claimed = claim_route(&client, r, &p, "w").await.unwrap().claimed;
             assert_eq!(claimed.len(), 1, "autoAck={auto_ack}, {r:?}: one message claimed");
-            assert_eq!(setting().await, inside, "autoAck={auto_ack}, QUEEN_POP_AUTOACK_ASYNC_COMMIT={env:?}, {r:?}");
+            assert_eq!(setting().await, inside, "autoAck={auto_ack}, the async setting {env:?}, {r:?}");
             client.batch_execute("ROLLBACK").await.unwrap();
+        }
+        if auto_ack == "false" && i + 1 < cases.len() {
+            continue;
         }
         // As the broker runs it: its own implicit transaction, committed.
         let r = claim_route(&client, &route, &p, "w").await.unwrap();
@@ -860,6 +867,28 @@ async fn an_autoack_claim_skips_the_disk_wait_only_when_configured_to() {
         .await
         .unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, Option<String>>(1)), (1, Some("w".into())), "two committed autoAck claims, then a lease");
+
+    // A shared claim (`pop::share`) skips the wait only when all its pops may.
+    b.push_to("ac", "p1", &[json!(1)]).await;
+    b.push_to("ac", "p2", &[json!(2)]).await;
+    let pid = |name: &'static str| {
+        let sql = &sql;
+        async move { sql.query_one("SELECT id FROM queen.partitions WHERE name = $1", &[&name]).await.unwrap().get::<_, i64>(0) }
+    };
+    let (p1, p2) = ([pid("p1").await], [pid("p2").await]);
+    let held = queen::pop::claim::Held::default();
+    let (lease_async, lease_sync) = (params("false", Some("true")), params("false", None));
+    for (second, inside) in [(&lease_async, "off"), (&lease_sync, "on")] {
+        let slots = [
+            queen::pop::claim::ClaimSlot { pids: &p1, p: &lease_async, worker: "w1", held: &held },
+            queen::pop::claim::ClaimSlot { pids: &p2, p: second, worker: "w2", held: &held },
+        ];
+        client.batch_execute("BEGIN").await.unwrap();
+        let results = queen::pop::claim::claim_shared(&client, &slots).await.unwrap();
+        assert_eq!(results.iter().map(|r| r.claimed.len()).collect::<Vec<_>>(), [1, 1]);
+        assert_eq!(setting().await, inside, "the second pop's async_commit {}", second.async_commit);
+        client.batch_execute("ROLLBACK").await.unwrap();
+    }
 }
 
 #[tokio::test]

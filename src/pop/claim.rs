@@ -108,9 +108,9 @@ claim_sql!(WINDOW_SQL, "SELECT $1::bigint AS o_partition_id, $10::text AS o_part
 // transaction (`pop::share`, 0048_pops_share_a_claim.sql; v2: 0049; v3: 0050): every
 // slot's first candidate in one set-based statement, then pop_list_v2 for
 // the slots with budget left; every row tagged with its slot, each slot's
-// rows those pop_list_v2 would answer it alone. Never asynchronous:
-// `pop::share` takes no pop that asks for it.
-const SHARED_SQL: &str = "SELECT * FROM queen.pop_list_shared_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+// rows those pop_list_v2 would answer it alone. Asynchronous only when every
+// slot's pop may be (`ClaimSlot`).
+claim_sql!(SHARED_SQL, "SELECT * FROM queen.pop_list_shared_v3($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)");
 const RESEED_WINDOW_SQL: &str =
     "SELECT o_ring, o_edge, o_seen, o_pending, o_partition_id, o_partition FROM queen.hotlist_seed_window_v1($1, $2, $3, $4)";
 const FIRST_CONTACT_SQL: &str = "SELECT o_partition_id, o_partition FROM queen.first_contact_v2($1, $2, $3, $4, $5)";
@@ -222,7 +222,8 @@ pub struct ClaimSlot<'a> {
 /// The claims of several pops in one round trip and one transaction: each
 /// slot claims from its own candidates as `claim_candidates` would for a
 /// claim of one partition (`pop_list_v2`), and gets its own result, in
-/// order.
+/// order. The commit skips the WAL flush only when every slot's pop allows
+/// it (`PopParams::async_commit`): one pop that must wait makes all wait.
 pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot<'_>]) -> Result<Vec<ClaimResult>, tokio_postgres::Error> {
     let mut pids = Vec::new();
     let mut cached = Vec::new();
@@ -242,7 +243,8 @@ pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot
     let froms: Vec<Option<DateTime<Utc>>> = slots.iter().map(|s| s.p.intent_from).collect();
     let args: [&(dyn ToSql + Sync); 11] = [&ends, &pids, &cached, &groups, &workers, &leases, &auto_acks, &budgets, &caps, &modes, &froms];
     let mut per: Vec<Vec<Row>> = slots.iter().map(|_| Vec::new()).collect();
-    for row in query(client, SHARED_SQL, &args).await? {
+    let async_commit = slots.iter().all(|s| s.p.async_commit);
+    for row in query(client, SHARED_SQL[async_commit as usize], &args).await? {
         let slot = usize::try_from(row.get::<_, i32>("o_slot")).unwrap_or(0);
         if let Some(rows) = slot.checked_sub(1).and_then(|i| per.get_mut(i)) {
             rows.push(row);

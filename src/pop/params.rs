@@ -55,7 +55,8 @@ pub struct PopParams {
     /// Answer as `QPF1` frames (API.md §3.4).
     pub frames: bool,
     /// The claim commits without waiting for the WAL flush: an autoAck pop
-    /// when `QUEEN_POP_AUTOACK_ASYNC_COMMIT` is on (docs/DECISIONS.md).
+    /// when `QUEEN_POP_AUTOACK_ASYNC_COMMIT` is on, a leased one when
+    /// `QUEEN_POP_LEASE_ASYNC_COMMIT` is (docs/DECISIONS.md).
     pub async_commit: bool,
 }
 
@@ -147,7 +148,7 @@ impl PopParams {
             intent_from,
             autopilot: boolean("autopilot")?.unwrap_or(false),
             frames,
-            async_commit: auto_ack && cfg.autoack_async_commit,
+            async_commit: if auto_ack { cfg.autoack_async_commit } else { cfg.lease_async_commit },
         })
     }
 

@@ -85,10 +85,10 @@ impl ClaimShare {
     }
 
     /// Whether a pop's claim may be shared: one message (so the claim takes
-    /// one partition, the per-partition list's case), and a claim that
-    /// waits for the disk (an asynchronous one sets its own transaction).
+    /// one partition, the per-partition list's case). A shared claim waits
+    /// for the disk when any of its pops must (`claim::claim_shared`).
     pub fn takes(p: &PopParams) -> bool {
-        p.batch == 1 && !p.async_commit
+        p.batch == 1
     }
 
     /// Claims from `pids` for one pop, together with whatever other pops
