@@ -175,11 +175,18 @@ pub async fn claim_candidates(
         &p.intent_from,
         &cached,
     ];
-    let one = deep || p.batch == 1 || p.partitions == 1 || pids.len() == 1;
+    let one = of_one_partition(deep, p, pids.len());
     let (sql, args) = if one { (ONE_SQL, &args[..]) } else { (LIST_SQL, &args[..9]) };
     let mut result = assemble(query(client, sql[p.async_commit as usize], args).await?);
     held.fill(&mut result);
     Ok(result)
+}
+
+/// Whether a hot-list claim of `candidates` goes to the per-partition list
+/// (`ONE_SQL`): it can take one partition only, or likely will (`deep`).
+/// Only that list and the shared claim leave held segments out (`Held`).
+pub fn of_one_partition(deep: bool, p: &PopParams, candidates: usize) -> bool {
+    deep || p.batch == 1 || p.partitions == 1 || candidates == 1
 }
 
 /// Segments of a claim's candidates that the broker holds decompressed

@@ -605,9 +605,10 @@ impl PopService {
 
     /// The segments of `pids` this broker holds decompressed, which their
     /// claim need not ship: none for a pop that forwards stored blobs (`QPF1`
-    /// frames without an encryption key).
-    fn held(&self, pids: &[i64], p: &PopParams) -> claim::Held {
-        if p.frames && self.encryption.ring().is_none() {
+    /// frames without an encryption key), nor for a set-based claim, which
+    /// ships every segment (`claim::of_one_partition`).
+    fn held(&self, pids: &[i64], p: &PopParams, deep: bool) -> claim::Held {
+        if (p.frames && self.encryption.ring().is_none()) || !claim::of_one_partition(deep, p, pids.len()) {
             return claim::Held::default();
         }
         claim::Held::of(&self.handover.frames, pids)
@@ -629,16 +630,16 @@ impl PopService {
             if checkout.is_empty() {
                 return Ok(ClaimResult::default());
             }
-            let pids = checkout.pids();
+            let (pids, deep) = (checkout.pids(), checkout.deep());
             let mut result = match via {
-                Via::Client(client) => claim::claim_candidates(client, &pids, p, worker, checkout.deep(), &self.held(&pids, p)).await?,
-                Via::Share(share) => match share.claim(pids.clone(), p, worker, self.held(&pids, p)).await {
+                Via::Client(client) => claim::claim_candidates(client, &pids, p, worker, deep, &self.held(&pids, p, deep)).await?,
+                Via::Share(share) => match share.claim(pids.clone(), p, worker, self.held(&pids, p, deep)).await {
                     share::Outcome::Claimed(r) => r,
                     share::Outcome::Busy => return Err(PopError::Pool),
                     share::Outcome::Alone => {
                         let _permit = self.permit().await?;
                         let client = self.connection().await?;
-                        claim::claim_candidates(&client, &pids, p, worker, checkout.deep(), &self.held(&pids, p)).await?
+                        claim::claim_candidates(&client, &pids, p, worker, deep, &self.held(&pids, p, deep)).await?
                     }
                 },
             };
