@@ -495,6 +495,53 @@ async fn a_reseed_walks_a_queue_wider_than_its_window() {
     assert_eq!(after, "p9", "the last window ends at the last name");
 }
 
+/// The claim comparisons' partitions: p0, p1, … of queue `diff` holding
+/// `counts` messages each, p2 with a second segment of two, g0 of a gated
+/// queue holding two, group `g` registered, then `late` (no cursor row yet);
+/// p1's cursor at 1, p3 leased to another worker. Answers each partition's
+/// id by name.
+async fn claim_fixture(b: &Broker, counts: &[usize]) -> (tokio_postgres::Client, HashMap<String, i64>) {
+    for (i, &n) in counts.iter().enumerate() {
+        let payloads: Vec<Value> = (0..n).map(|k| json!({ "p": i, "k": k })).collect();
+        b.push_to("diff", &format!("p{i}"), &payloads).await;
+    }
+    b.push_to("diff", "p2", &[json!("second segment"), json!("of p2")]).await;
+    b.push_to("gated", "g0", &[json!(1), json!(2)]).await;
+    let sql = b.sql().await;
+    sql.batch_execute(
+        "SELECT queen.register_group_v1(id, 'g', NULL, NULL) FROM queen.queues;
+         UPDATE queen.queues SET window_buffer = 3600 WHERE name = 'gated';",
+    )
+    .await
+    .unwrap();
+    b.push_to("diff", "late", &[json!("no cursor row yet")]).await;
+    sql.batch_execute(
+        "UPDATE queen.consumers c SET committed = 1 FROM queen.partitions p
+             WHERE p.id = c.partition_id AND p.name = 'p1';
+         UPDATE queen.consumers c SET worker_id = 'other', lease_expires_at = now() + interval '1 hour'
+             FROM queen.partitions p WHERE p.id = c.partition_id AND p.name = 'p3';",
+    )
+    .await
+    .unwrap();
+    let rows = sql.query("SELECT name, id FROM queen.partitions", &[]).await.unwrap();
+    let id = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    (sql, id)
+}
+
+/// Group `g`'s cursor rows, one line each, in partition order.
+async fn cursor_rows(sql: &tokio_postgres::Client) -> Vec<String> {
+    let rows = sql
+        .query(
+            "SELECT format('%s %s %s %s %s %s %s %s %s', partition_id, committed, worker_id, batch_end, attempt_count,
+                           attempt_offset, total_consumed, last_consumed_at IS NOT NULL, lease_expires_at - lease_acquired_at)
+             FROM queen.consumers WHERE consumer_group = 'g' ORDER BY partition_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
 /// One claim's answer in comparable form: its rows sorted by partition,
 /// kind and offset (the set-based pass answers its partitions before the
 /// ones it hands on), blobs as digests, then the group's cursor rows as
@@ -531,19 +578,11 @@ async fn claim_and_roll_back(
         })
         .collect();
     answer.sort();
-    let cursors = sql
-        .query(
-            "SELECT format('%s %s %s %s %s %s %s %s %s', partition_id, committed, worker_id, batch_end, attempt_count,
-                           attempt_offset, total_consumed, last_consumed_at IS NOT NULL, lease_expires_at - lease_acquired_at)
-             FROM queen.consumers WHERE consumer_group = 'g' ORDER BY partition_id",
-            &[],
-        )
-        .await
-        .unwrap();
+    let cursors = cursor_rows(sql).await;
     sql.batch_execute("ROLLBACK").await.unwrap();
     (
         answer.into_iter().map(|(pid, _, _, d)| format!("{pid} {d}")).collect(),
-        cursors.iter().map(|r| r.get(0)).collect(),
+        cursors,
     )
 }
 
@@ -573,33 +612,8 @@ async fn functions_called(b: &Broker, function: &str, pids: &[i64], budget: i32)
 #[tokio::test]
 async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
     let b = Broker::start().await;
-    for (i, n) in [3, 4, 5, 6, 7].into_iter().enumerate() {
-        let payloads: Vec<Value> = (0..n).map(|k| json!({ "p": i, "k": k })).collect();
-        b.push_to("diff", &format!("p{i}"), &payloads).await;
-    }
-    b.push_to("diff", "p2", &[json!("second segment"), json!("of p2")]).await;
-    b.push_to("gated", "g0", &[json!(1), json!(2)]).await;
-    let sql = b.sql().await;
-    sql.batch_execute(
-        "SELECT queen.register_group_v1(id, 'g', NULL, NULL) FROM queen.queues;
-         UPDATE queen.queues SET window_buffer = 3600 WHERE name = 'gated';",
-    )
-    .await
-    .unwrap();
-    b.push_to("diff", "late", &[json!("no cursor row yet")]).await;
-    sql.batch_execute(
-        "UPDATE queen.consumers c SET committed = 1 FROM queen.partitions p
-             WHERE p.id = c.partition_id AND p.name = 'p1';
-         UPDATE queen.consumers c SET worker_id = 'other', lease_expires_at = now() + interval '1 hour'
-             FROM queen.partitions p WHERE p.id = c.partition_id AND p.name = 'p3';",
-    )
-    .await
-    .unwrap();
-    let mut pids = Vec::new();
-    for name in ["p0", "p1", "p2", "p3", "p4", "late", "g0"] {
-        let row = sql.query_one("SELECT id FROM queen.partitions WHERE name = $1", &[&name]).await.unwrap();
-        pids.push(row.get::<_, i64>(0));
-    }
+    let (sql, id) = claim_fixture(&b, &[3, 4, 5, 6, 7]).await;
+    let pids: Vec<i64> = ["p0", "p1", "p2", "p3", "p4", "late", "g0"].iter().map(|n| id[*n]).collect();
     let scenarios = [(100, 0, false), (100, 0, true), (9, 0, false), (12, 0, false), (100, 2, false), (1, 0, false)];
     const SET_BASED: [&str; 2] = ["pop_list_prefix_v1", "pop_list_set_v1"];
     for scenario in scenarios {
@@ -705,17 +719,9 @@ async fn shared_claim_and_roll_back(sql: &tokio_postgres::Client, function: &str
         .map(|(i, line)| (line.split(' ').next().unwrap().parse().unwrap(), i, line))
         .collect();
     answer.sort(); // by slot, keeping each slot's own order
-    let cursors = sql
-        .query(
-            "SELECT format('%s %s %s %s %s %s %s %s %s', partition_id, committed, worker_id, batch_end, attempt_count,
-                           attempt_offset, total_consumed, last_consumed_at IS NOT NULL, lease_expires_at - lease_acquired_at)
-             FROM queen.consumers WHERE consumer_group = 'g' ORDER BY partition_id",
-            &[],
-        )
-        .await
-        .unwrap();
+    let cursors = cursor_rows(sql).await;
     sql.batch_execute("ROLLBACK").await.unwrap();
-    (answer.into_iter().map(|(.., l)| l).collect(), cursors.iter().map(|r| r.get(0)).collect())
+    (answer.into_iter().map(|(.., l)| l).collect(), cursors)
 }
 
 /// `pop_list_shared_v3` (0050) claims every slot's first candidate in one
@@ -731,36 +737,14 @@ async fn shared_claim_and_roll_back(sql: &tokio_postgres::Client, function: &str
 #[tokio::test]
 async fn the_shared_set_claim_answers_what_each_slot_claimed_alone_answers() {
     let b = Broker::start().await;
-    for (i, n) in [3, 4, 5, 6, 7, 2].into_iter().enumerate() {
-        let payloads: Vec<Value> = (0..n).map(|k| json!({ "p": i, "k": k })).collect();
-        b.push_to("diff", &format!("p{i}"), &payloads).await;
-    }
-    b.push_to("diff", "p2", &[json!("second segment"), json!("of p2")]).await;
-    b.push_to("gated", "g0", &[json!(1), json!(2)]).await;
-    let sql = b.sql().await;
+    let (sql, id) = claim_fixture(&b, &[3, 4, 5, 6, 7, 2]).await;
     sql.batch_execute(
-        "SELECT queen.register_group_v1(id, 'g', NULL, NULL) FROM queen.queues;
-         UPDATE queen.queues SET window_buffer = 3600 WHERE name = 'gated';",
+        "UPDATE queen.consumers c SET committed = 4 FROM queen.partitions p
+             WHERE p.id = c.partition_id AND p.name = 'p2';",
     )
     .await
     .unwrap();
-    b.push_to("diff", "late", &[json!("no cursor row yet")]).await;
-    sql.batch_execute(
-        "UPDATE queen.consumers c SET committed = 1 FROM queen.partitions p
-             WHERE p.id = c.partition_id AND p.name = 'p1';
-         UPDATE queen.consumers c SET committed = 4 FROM queen.partitions p
-             WHERE p.id = c.partition_id AND p.name = 'p2';
-         UPDATE queen.consumers c SET worker_id = 'other', lease_expires_at = now() + interval '1 hour'
-             FROM queen.partitions p WHERE p.id = c.partition_id AND p.name = 'p3';",
-    )
-    .await
-    .unwrap();
-    let mut id = HashMap::new();
-    for name in ["p0", "p1", "p2", "p3", "p4", "p5", "late", "g0"] {
-        let row = sql.query_one("SELECT id FROM queen.partitions WHERE name = $1", &[&name]).await.unwrap();
-        id.insert(name, row.get::<_, i64>(0));
-    }
-    let ids = |names: &[&str]| -> Vec<i64> { names.iter().map(|n| id[n]).collect() };
+    let ids = |names: &[&str]| -> Vec<i64> { names.iter().map(|n| id[*n]).collect() };
     let (a, bb, c, d, e, p0) = (ids(&["p0", "p5"]), ids(&["p3", "p1"]), ids(&["late", "p4"]), ids(&["g0"]), ids(&["p2"]), ids(&["p0"]));
     let held = |n: usize| vec![None; n];
     for (budget, cap, auto) in [(1, 0, false), (1, 0, true), (3, 0, false), (8, 0, false), (8, 1, false), (2, 2, true)] {
