@@ -959,6 +959,10 @@ async fn batch_one_pops_share_a_claim_and_each_keeps_its_own_lease() {
     assert!(calls("pop_list_shared_v3") >= 1, "the set-based shared claim");
 }
 
+/// A claim row as `a_claim_leaves_out_the_segment_the_broker_holds` reads it:
+/// kind, blob shipped, base offset, start index, take, first, last.
+type HeldRow = (String, bool, Option<i64>, Option<i32>, Option<i32>, Option<i64>, Option<i64>);
+
 /// A claim of one partition leaves out the blob of the segment the broker
 /// says it holds decompressed (`pop_list_v2`'s `p_cached`, migration 0049)
 /// and ships any other; the broker answers from its own copy.
@@ -981,8 +985,7 @@ async fn a_claim_leaves_out_the_segment_the_broker_holds() {
             .await
             .unwrap();
         sql.batch_execute("ROLLBACK").await.unwrap();
-        let got: Vec<(String, bool, Option<i64>, Option<i32>, Option<i32>, Option<i64>, Option<i64>)> =
-            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6))).collect();
+        let got: Vec<HeldRow> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6))).collect();
         assert_eq!(
             got,
             [("segment".into(), shipped, Some(0), Some(1), Some(1), None, None), ("claimed".into(), false, Some(3), None, None, Some(1), Some(1))],
