@@ -37,6 +37,23 @@ pub const PUSH_KNOWN_MISSED: &str = "queen_push_known_missed_segments_total";
 /// for a group writer), `pool` (the writer waiting for a connection) and
 /// `write` (the statements and the COMMIT). A slow push shows which one.
 pub const PUSH_STAGE: &str = "queen_push_stage_seconds";
+/// Where an ack's time goes, by `stage`: `share` (waiting for a shared ack
+/// writer, `ack::share`; one sample per request), `pool` (the writer
+/// waiting for a connection) and `write` (its statements and their COMMIT;
+/// one sample per write, shared or not).
+pub const ACK_STAGE: &str = "queen_ack_stage_seconds";
+/// Where a pop's claim time goes, by `stage`: `share` (a batch-1 pop
+/// waiting for a shared claim, `pop::share`; one sample per pop), `permit`
+/// (the claim limiter), `pool` (a connection) and `claim` (the claim of the
+/// ring's candidates and its COMMIT; one sample per claim, shared or not).
+/// A long-poll's parked time is no stage: nothing was there to claim.
+pub const POP_STAGE: &str = "queen_pop_stage_seconds";
+
+/// Records the time since `since` as `stage` of the histogram `family`
+/// ([`PUSH_STAGE`], [`ACK_STAGE`], [`POP_STAGE`]).
+pub fn stage(family: &'static str, stage: &'static str, since: Instant) {
+    metrics::histogram!(family, "stage" => stage).record(since.elapsed().as_secs_f64());
+}
 /// Ack groups (one partition, group and lease of a request) by how they were
 /// applied: `bulk` (the plain groups of a multi-partition batch, one
 /// statement) or `each` (one `ack_v2` call).

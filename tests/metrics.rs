@@ -76,6 +76,35 @@ async fn both_metric_endpoints_report_real_traffic() {
     }
 }
 
+/// The ack and pop paths say where their time goes, as the push path does:
+/// a batch-1 pop past first contact queues for a shared claim, and an ack
+/// for a shared ack write.
+#[tokio::test]
+async fn acks_and_claims_time_each_stage() {
+    let b = Broker::start().await;
+    b.push_to("stq", "p", &[json!(1), json!(2)]).await;
+    for _ in 0..2 {
+        let body = b.pop("/api/v1/pop/queue/stq?batch=1").await.body.unwrap();
+        let m = &body["messages"][0];
+        let acked = b.ack_batch(None, &[(m["transactionId"].as_str().unwrap(), m["partitionId"].as_str().unwrap(), "completed", body["leaseId"].as_str())]).await;
+        assert_eq!(acked[0]["success"], true, "{acked:?}");
+    }
+    let text = b.http.get(format!("{}/metrics/prometheus", b.url)).send().await.unwrap().text().await.unwrap();
+    let count = |family: &str, stage: &str| {
+        let prefix = format!("{family}_count{{stage=\"{stage}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    for stage in ["share", "pool", "write"] {
+        assert_eq!(count("queen_ack_stage_seconds", stage), 2.0, "ack stage {stage} once per ack in\n{text}");
+    }
+    // The first pop claims on first contact, on a connection of its own;
+    // the second goes through the shared claim.
+    assert_eq!(count("queen_pop_stage_seconds", "share"), 1.0, "in\n{text}");
+    for stage in ["permit", "pool", "claim"] {
+        assert!(count("queen_pop_stage_seconds", stage) >= 1.0, "pop stage {stage} in\n{text}");
+    }
+}
+
 #[tokio::test]
 async fn fixed_claim_permits_are_three_quarters_of_the_pool() {
     let b = Broker::start_with(&[("QUEEN_POP_ADAPTIVE_PERMITS", "false"), ("DB_POOL_SIZE", "40")]).await;

@@ -226,7 +226,10 @@ impl AckService {
     /// transaction and a failure applies nothing. A deadlock is retried
     /// either way.
     async fn ack_now(&self, items: &[AckItem], together: bool) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
+        let since = std::time::Instant::now();
         let mut client = self.pool.get().await?;
+        crate::metrics::stage(crate::metrics::ACK_STAGE, "pool", since);
+        let since = std::time::Instant::now();
         let first = items.first().map(|i| i.partition_id.as_str());
         let bare = items.iter().all(|i| i.status == AckStatus::Completed && i.lease_id.as_deref().is_some_and(|l| !l.is_empty()))
             || (!together && items.iter().all(|i| Some(i.partition_id.as_str()) == first));
@@ -250,7 +253,10 @@ impl AckService {
                 Err(DbError::Pg(e)) if attempt < DEADLOCK_ATTEMPTS && e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED) => {
                     attempt += 1;
                 }
-                other => return other,
+                other => {
+                    crate::metrics::stage(crate::metrics::ACK_STAGE, "write", since);
+                    return other;
+                }
             }
         }
     }

@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -43,6 +44,7 @@ type Reply = oneshot::Sender<Result<Done, Arc<DbError>>>;
 pub struct Request {
     items: Vec<AckItem>,
     reply: Reply,
+    queued: Instant,
 }
 
 impl Shared for Request {
@@ -58,7 +60,7 @@ impl AckService {
     pub async fn ack(&self, items: &[AckItem]) -> Result<Done, Arc<DbError>> {
         let (reply, rx) = oneshot::channel();
         let me = self.clone();
-        self.share.submit(Request { items: items.to_vec(), reply }, move |batch| {
+        self.share.submit(Request { items: items.to_vec(), reply, queued: Instant::now() }, move |batch| {
             let me = me.clone();
             async move { me.write(batch).await }
         });
@@ -68,6 +70,9 @@ impl AckService {
     /// One shared write: every request's items in one batch, answered
     /// request by request.
     async fn write(&self, mut batch: Vec<Request>) {
+        for r in &batch {
+            crate::metrics::stage(crate::metrics::ACK_STAGE, "share", r.queued);
+        }
         if batch.len() == 1 {
             let r = batch.pop().expect("one request");
             let _ = r.reply.send(self.ack_now(&r.items, false).await.map_err(Arc::new));

@@ -177,7 +177,10 @@ pub async fn claim_candidates(
     ];
     let one = of_one_partition(deep, p, pids.len());
     let (sql, args) = if one { (ONE_SQL, &args[..]) } else { (LIST_SQL, &args[..9]) };
-    let mut result = assemble(query(client, sql[p.async_commit as usize], args).await?);
+    let since = std::time::Instant::now();
+    let rows = query(client, sql[p.async_commit as usize], args).await;
+    crate::metrics::stage(crate::metrics::POP_STAGE, "claim", since);
+    let mut result = assemble(rows?);
     held.fill(&mut result);
     Ok(result)
 }
@@ -251,7 +254,10 @@ pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot
     let args: [&(dyn ToSql + Sync); 11] = [&ends, &pids, &cached, &groups, &workers, &leases, &auto_acks, &budgets, &caps, &modes, &froms];
     let mut per: Vec<Vec<Row>> = slots.iter().map(|_| Vec::new()).collect();
     let async_commit = slots.iter().all(|s| s.p.async_commit);
-    for row in query(client, SHARED_SQL[async_commit as usize], &args).await? {
+    let since = std::time::Instant::now();
+    let rows = query(client, SHARED_SQL[async_commit as usize], &args).await;
+    crate::metrics::stage(crate::metrics::POP_STAGE, "claim", since);
+    for row in rows? {
         let slot = usize::try_from(row.get::<_, i32>("o_slot")).unwrap_or(0);
         if let Some(rows) = slot.checked_sub(1).and_then(|i| per.get_mut(i)) {
             rows.push(row);

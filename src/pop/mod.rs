@@ -740,11 +740,17 @@ impl PopService {
     }
 
     async fn permit(&self) -> Result<LimitPermit<'_>, PopError> {
-        self.permits.acquire(self.pool_wait).await.ok_or(PopError::Pool)
+        let since = std::time::Instant::now();
+        let permit = self.permits.acquire(self.pool_wait).await.ok_or(PopError::Pool);
+        crate::metrics::stage(crate::metrics::POP_STAGE, "permit", since);
+        permit
     }
 
     async fn connection(&self) -> Result<deadpool_postgres::Client, PopError> {
-        self.pool.get().await.map_err(|e| {
+        let since = std::time::Instant::now();
+        let client = self.pool.get().await;
+        crate::metrics::stage(crate::metrics::POP_STAGE, "pool", since);
+        client.map_err(|e| {
             let e = crate::db::DbError::Pool(e);
             if e.unavailable() { PopError::Unavailable(e) } else { PopError::Pool }
         })

@@ -24,7 +24,7 @@
 //! was one transaction.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use tokio::sync::oneshot;
@@ -54,6 +54,7 @@ struct Pending {
     worker: String,
     held: Held,
     reply: oneshot::Sender<Outcome>,
+    queued: Instant,
 }
 
 impl Shared for Pending {
@@ -96,7 +97,7 @@ impl ClaimShare {
     pub async fn claim(self: &Arc<Self>, pids: Vec<i64>, p: &PopParams, worker: &str, held: Held) -> Outcome {
         let (reply, answer) = oneshot::channel();
         let me = self.clone();
-        let pending = Pending { pids, params: p.clone(), worker: worker.to_string(), held, reply };
+        let pending = Pending { pids, params: p.clone(), worker: worker.to_string(), held, reply, queued: Instant::now() };
         self.share.submit(pending, move |batch| {
             let me = me.clone();
             async move { me.write(batch).await }
@@ -119,9 +120,19 @@ impl ClaimShare {
     }
 
     async fn claim_all(&self, batch: &[Pending]) -> Vec<Outcome> {
+        use crate::metrics::{stage, POP_STAGE};
+        for q in batch {
+            stage(POP_STAGE, "share", q.queued);
+        }
         let every = |o: fn() -> Outcome| batch.iter().map(|_| o()).collect();
-        let Some(_permit) = self.permits.acquire(self.pool_wait).await else { return every(|| Outcome::Busy) };
-        let client = match self.pool.get().await {
+        let since = Instant::now();
+        let permit = self.permits.acquire(self.pool_wait).await;
+        stage(POP_STAGE, "permit", since);
+        let Some(_permit) = permit else { return every(|| Outcome::Busy) };
+        let since = Instant::now();
+        let client = self.pool.get().await;
+        stage(POP_STAGE, "pool", since);
+        let client = match client {
             Ok(c) => c,
             Err(e) => return every(if crate::db::DbError::Pool(e).unavailable() { || Outcome::Alone } else { || Outcome::Busy }),
         };

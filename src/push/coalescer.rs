@@ -439,7 +439,7 @@ impl Inner {
         st.frames -= frames;
         st.bytes -= bytes;
         for e in &batch {
-            metrics::histogram!(crate::metrics::PUSH_STAGE, "stage" => "lane").record(e.queued.elapsed().as_secs_f64());
+            crate::metrics::stage(crate::metrics::PUSH_STAGE, "lane", e.queued);
         }
         drop(st);
         let window = self.windows.lock().expect("windows lock poisoned").get(&lane.key.0).copied();

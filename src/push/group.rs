@@ -251,7 +251,7 @@ impl Call {
 
 /// Records the time since `since` as push stage `name`.
 fn stage(name: &'static str, since: Instant) {
-    metrics::histogram!(crate::metrics::PUSH_STAGE, "stage" => name).record(since.elapsed().as_secs_f64());
+    crate::metrics::stage(crate::metrics::PUSH_STAGE, name, since);
 }
 
 fn fail_all(jobs: Vec<Job>, e: Arc<PushError>) {
