@@ -30,7 +30,8 @@
 #     acking in turn) of DRAIN_PER_PARTITION (5) messages
 #     in each of PARTITIONS_MANY partitions, beside the same number of
 #     messages in 10 partitions, alternating; each drain prefills a queue of
-#     its own (1,000 messages to a request).
+#     its own (1,000 messages to a request). Each prints where its acks and
+#     claims waited (scripts/lib/stages.py; the prefill's pushes are not in it).
 #   passes: a queue of PARTITIONS_MANY partitions holding one message each
 #     (queen-bench fill), read to its end by group e2e (autoAck), beside 10
 #     partitions read the same way (then a fresh broker: see the comment
@@ -124,8 +125,11 @@ if wants drain; then
     for round in $(seq 1 "$ROUNDS"); do
         for parts in 10 "$PARTITIONS_MANY"; do
             echo "== round $round: leased drain of $messages messages over $parts partitions"
+            curl -s "$BROKER_URL/metrics/prometheus" > "$DIR/stages-before"
             "$BENCH" --url "$BROKER_URL" consume --messages "$messages" --partitions "$parts" --batch 100 \
                 --pop-partitions 50 --concurrency "$DRAIN_CONSUMERS" --duration 1800 | tail -3 | head -2
+            curl -s "$BROKER_URL/metrics/prometheus" > "$DIR/stages-after"
+            python3 scripts/lib/stages.py "$DIR/stages-before" "$DIR/stages-after"
         done
     done
     stop_broker

@@ -39,10 +39,18 @@ measured() { # label, queen-bench arguments...
     shift
     [[ " $CASES " == *" $label "* ]] || return 0
     before=$(commits)
+    curl -s "$BROKER_URL/metrics/prometheus" > "$DIR/stages-before"
     line=$("${BENCH[@]}" "$@" | grep '^{')
+    curl -s "$BROKER_URL/metrics/prometheus" > "$DIR/stages-after"
     after=$(commits)
     n=$(echo "$line" | sed -n 's/.*"\(messages\|calls\|ops\)":\([0-9]*\).*/\2/p' | head -1)
     echo "$line" | sed "s/^{/{\"case\":\"$label\",\"writers\":$writers,\"commits\":$((after - before)),\"commits_per_message\":$(awk -v c=$((after - before)) -v m="${n:-0}" 'BEGIN { if (m > 0) printf "%.3f", c / m; else print "null" }'),/"
+    # Where its requests waited (scripts/lib/stages.py): the push's stages,
+    # or the acks' and claims' (a consume's pre-fill pushes are left out).
+    case $label in
+        push-*) python3 scripts/lib/stages.py "$DIR/stages-before" "$DIR/stages-after" queen_push_stage_seconds ;;
+        pop-*) python3 scripts/lib/stages.py "$DIR/stages-before" "$DIR/stages-after" ;;
+    esac
 }
 
 for round in $(seq 1 "$ROUNDS"); do
