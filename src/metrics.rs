@@ -54,6 +54,15 @@ pub const POP_STAGE: &str = "queen_pop_stage_seconds";
 pub fn stage(family: &'static str, stage: &'static str, since: Instant) {
     metrics::histogram!(family, "stage" => stage).record(since.elapsed().as_secs_f64());
 }
+
+/// Awaits `work` and records how long it took as `stage` of `family`
+/// (whatever it returned: a wait that failed waited too).
+pub async fn timed<T>(family: &'static str, name: &'static str, work: impl std::future::Future<Output = T>) -> T {
+    let since = Instant::now();
+    let out = work.await;
+    stage(family, name, since);
+    out
+}
 /// Ack groups (one partition, group and lease of a request) by how they were
 /// applied: `bulk` (the plain groups of a multi-partition batch, one
 /// statement) or `each` (one `ack_v2` call).

@@ -226,9 +226,7 @@ impl AckService {
     /// transaction and a failure applies nothing. A deadlock is retried
     /// either way.
     async fn ack_now(&self, items: &[AckItem], together: bool) -> Result<(Vec<AckOutcome>, Vec<Released>), DbError> {
-        let since = std::time::Instant::now();
-        let mut client = self.pool.get().await?;
-        crate::metrics::stage(crate::metrics::ACK_STAGE, "pool", since);
+        let mut client = crate::metrics::timed(crate::metrics::ACK_STAGE, "pool", self.pool.get()).await?;
         let since = std::time::Instant::now();
         let first = items.first().map(|i| i.partition_id.as_str());
         let bare = items.iter().all(|i| i.status == AckStatus::Completed && i.lease_id.as_deref().is_some_and(|l| !l.is_empty()))

@@ -177,10 +177,8 @@ pub async fn claim_candidates(
     ];
     let one = of_one_partition(deep, p, pids.len());
     let (sql, args) = if one { (ONE_SQL, &args[..]) } else { (LIST_SQL, &args[..9]) };
-    let since = std::time::Instant::now();
-    let rows = query(client, sql[p.async_commit as usize], args).await;
-    crate::metrics::stage(crate::metrics::POP_STAGE, "claim", since);
-    let mut result = assemble(rows?);
+    let rows = crate::metrics::timed(crate::metrics::POP_STAGE, "claim", query(client, sql[p.async_commit as usize], args)).await?;
+    let mut result = assemble(rows);
     held.fill(&mut result);
     Ok(result)
 }
@@ -254,10 +252,7 @@ pub async fn claim_shared(client: &deadpool_postgres::Client, slots: &[ClaimSlot
     let args: [&(dyn ToSql + Sync); 11] = [&ends, &pids, &cached, &groups, &workers, &leases, &auto_acks, &budgets, &caps, &modes, &froms];
     let mut per: Vec<Vec<Row>> = slots.iter().map(|_| Vec::new()).collect();
     let async_commit = slots.iter().all(|s| s.p.async_commit);
-    let since = std::time::Instant::now();
-    let rows = query(client, SHARED_SQL[async_commit as usize], &args).await;
-    crate::metrics::stage(crate::metrics::POP_STAGE, "claim", since);
-    for row in rows? {
+    for row in crate::metrics::timed(crate::metrics::POP_STAGE, "claim", query(client, SHARED_SQL[async_commit as usize], &args)).await? {
         let slot = usize::try_from(row.get::<_, i32>("o_slot")).unwrap_or(0);
         if let Some(rows) = slot.checked_sub(1).and_then(|i| per.get_mut(i)) {
             rows.push(row);

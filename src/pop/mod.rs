@@ -740,17 +740,11 @@ impl PopService {
     }
 
     async fn permit(&self) -> Result<LimitPermit<'_>, PopError> {
-        let since = std::time::Instant::now();
-        let permit = self.permits.acquire(self.pool_wait).await.ok_or(PopError::Pool);
-        crate::metrics::stage(crate::metrics::POP_STAGE, "permit", since);
-        permit
+        crate::metrics::timed(crate::metrics::POP_STAGE, "permit", self.permits.acquire(self.pool_wait)).await.ok_or(PopError::Pool)
     }
 
     async fn connection(&self) -> Result<deadpool_postgres::Client, PopError> {
-        let since = std::time::Instant::now();
-        let client = self.pool.get().await;
-        crate::metrics::stage(crate::metrics::POP_STAGE, "pool", since);
-        client.map_err(|e| {
+        crate::metrics::timed(crate::metrics::POP_STAGE, "pool", self.pool.get()).await.map_err(|e| {
             let e = crate::db::DbError::Pool(e);
             if e.unavailable() { PopError::Unavailable(e) } else { PopError::Pool }
         })

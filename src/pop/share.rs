@@ -120,19 +120,13 @@ impl ClaimShare {
     }
 
     async fn claim_all(&self, batch: &[Pending]) -> Vec<Outcome> {
-        use crate::metrics::{stage, POP_STAGE};
+        use crate::metrics::{stage, timed, POP_STAGE};
         for q in batch {
             stage(POP_STAGE, "share", q.queued);
         }
         let every = |o: fn() -> Outcome| batch.iter().map(|_| o()).collect();
-        let since = Instant::now();
-        let permit = self.permits.acquire(self.pool_wait).await;
-        stage(POP_STAGE, "permit", since);
-        let Some(_permit) = permit else { return every(|| Outcome::Busy) };
-        let since = Instant::now();
-        let client = self.pool.get().await;
-        stage(POP_STAGE, "pool", since);
-        let client = match client {
+        let Some(_permit) = timed(POP_STAGE, "permit", self.permits.acquire(self.pool_wait)).await else { return every(|| Outcome::Busy) };
+        let client = match timed(POP_STAGE, "pool", self.pool.get()).await {
             Ok(c) => c,
             Err(e) => return every(if crate::db::DbError::Pool(e).unavailable() { || Outcome::Alone } else { || Outcome::Busy }),
         };
