@@ -329,10 +329,10 @@ async fn a_broker_killed_while_it_writes_a_groups_cursors_loses_and_repeats_noth
 }
 
 /// A claim that can take one partition only (a batch of one, a partition cap
-/// of one) goes to the per-partition list directly, or at batch 1 to the
-/// shared claim (`pop::share`, which tries each pop's first candidate only),
-/// never to `pop_list_set_v1`: that would lock every candidate's cursor row
-/// to claim one.
+/// of one) goes to the per-partition list, directly or (at batch 1, alone in
+/// the shared claim, `pop::share`) through the share, never to
+/// `pop_list_set_v1`: that would lock every candidate's cursor row to claim
+/// one.
 #[tokio::test]
 async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     let mut b = common::broker_counting_calls(&[("QUEEN_HOTLIST", "true")]).await;
@@ -354,8 +354,8 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     }
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), got.len(), "nothing twice: {got:?}");
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_v2") >= 3, "the first contact's claim and the capped ones through the per-partition list");
-    assert!(calls("pop_list_shared_v3") >= 1, "the second batch-1 pop through the shared claim");
+    assert!(calls("pop_list_v2") >= 4, "the first contact's claim, the capped ones and the lone shared one through the per-partition list");
+    assert_eq!(calls("pop_list_shared_v3"), 0, "a pop alone in the shared claim sends the per-partition list itself");
     assert_eq!(calls("pop_list_set_v1"), 0, "no set-based pass over every candidate");
 }
 

@@ -133,12 +133,21 @@ impl ClaimShare {
         if batch.len() > 1 {
             metrics::counter!(crate::metrics::POP_SHARED_CLAIMS).increment(batch.len() as u64);
         }
-        // A lone pop goes the same way: in isolation one slot's set-based
-        // claim costs less than the per-partition list (0.23 against 0.29 ms
-        // a call, pgbench); in the batch-1 loop the two measured the same.
-        let slots: Vec<ClaimSlot<'_>> =
-            batch.iter().map(|q| ClaimSlot { pids: &q.pids, p: &q.params, worker: &q.worker, held: &q.held }).collect();
-        let claimed = claim::claim_shared(&client, &slots).await;
+        // A lone pop sends the statement it would have sent itself, the
+        // per-partition list. In isolation one slot's set-based claim costs
+        // less (0.23 against 0.29 ms a call, pgbench), but in the loop it
+        // does not: one consumer, 16 partitions, 0.55 against 0.37 ms a call
+        // (`pg_stat_statements`), and the loop made 563 against 491 msg/s
+        // (medians of three, alternating builds); 4 consumers +12 %, 16
+        // +6 %, 32 the same (docs/PERFORMANCE.md).
+        let claimed = match batch {
+            [one] => claim::claim_candidates(&client, &one.pids, &one.params, &one.worker, true, &one.held).await.map(|r| vec![r]),
+            _ => {
+                let slots: Vec<ClaimSlot<'_>> =
+                    batch.iter().map(|q| ClaimSlot { pids: &q.pids, p: &q.params, worker: &q.worker, held: &q.held }).collect();
+                claim::claim_shared(&client, &slots).await
+            }
+        };
         match claimed {
             Ok(results) => results.into_iter().map(Outcome::Claimed).collect(),
             Err(e) => {
