@@ -354,7 +354,7 @@ async fn a_claim_of_one_partition_skips_the_set_based_pass() {
     }
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), got.len(), "nothing twice: {got:?}");
     let calls = common::calls_after_exit(&mut b).await;
-    assert!(calls("pop_list_v2") >= 4, "the first contact's claim, the capped ones and the lone shared one through the per-partition list");
+    assert!(calls("pop_list_v3") >= 4, "the first contact's claim, the capped ones and the lone shared one through the per-partition list");
     assert_eq!(calls("pop_list_shared_v3"), 0, "a pop alone in the shared claim sends the per-partition list itself");
     assert_eq!(calls("pop_list_set_v1"), 0, "no set-based pass over every candidate");
 }
@@ -398,7 +398,8 @@ async fn after_a_claim_filled_from_one_partition_the_next_ones_skip_the_set_base
     // The first claim is the set-based statement's own (it locks both cursor
     // rows and claims from the first): nothing for the per-partition list.
     assert_eq!(calls("pop_list_set_v1"), 2, "the first claim and the one after the claim over two partitions");
-    assert_eq!(calls("pop_list_v2"), 4, "three claims after the first, the one over both");
+    assert_eq!(calls("pop_list_v3"), 4, "three claims after the first, the one over both");
+    assert_eq!(calls("pop_list_v2"), 1, "the one over both went on to the second partition");
     assert_eq!(calls("pop_list_v1"), 0, "the set-based claims needed no per-partition pass");
 }
 
@@ -667,6 +668,104 @@ async fn the_set_based_claim_answers_what_the_per_partition_claim_answers() {
         assert_eq!(v, each, "{set_based}");
         assert!(v.0.iter().any(|r| r.starts_with(&format!("{} None \"busy\"", pids[0]))), "{set_based}: {:#?}", v.0);
     }
+    other.batch_execute("ROLLBACK").await.unwrap();
+}
+
+/// A claim through a function of the per-partition list's arguments
+/// (`pop_list_v2`, `pop_list_v3`): its rows in the order they came (blobs as
+/// digests, `held` for one left out), then the group's cursor rows as it left
+/// them. Rolled back.
+async fn listed_claim_and_roll_back(
+    sql: &tokio_postgres::Client,
+    function: &str,
+    pids: &[i64],
+    cached: &[Option<i64>],
+    (budget, max_partitions, auto_ack): (i32, i32, bool),
+) -> (Vec<String>, Vec<String>) {
+    sql.batch_execute("BEGIN").await.unwrap();
+    let rows = sql
+        .query(
+            &format!(
+                "SELECT format('%s %s %s %s %s %s %s %s %s %s %s %s', o_partition_id,
+                        CASE WHEN o_kind = 'busy' THEN NULL ELSE o_partition END, o_kind, o_base_offset, o_start_idx,
+                        o_take, o_created_at, CASE WHEN o_kind = 'segment' THEN COALESCE(md5(o_blob), 'held') END,
+                        o_first, o_last, o_attempt, o_msg_count)
+                 FROM queen.{function}($1, $2, 'g', 'me', 30, $3, $4, $5, NULL, NULL)"
+            ),
+            &[&pids, &cached, &auto_ack, &budget, &max_partitions],
+        )
+        .await
+        .unwrap();
+    let answer = rows.iter().map(|r| r.get(0)).collect();
+    let cursors = cursor_rows(sql).await;
+    sql.batch_execute("ROLLBACK").await.unwrap();
+    (answer, cursors)
+}
+
+/// `pop_list_v3` (0051) claims a plain first candidate in one statement and
+/// hands everything else to `pop_list_v2`; it must answer what `pop_list_v2`
+/// answers, rows, their order and cursor rows alike, whatever the first
+/// candidate is: plain, a cursor inside a segment, a claim past its head
+/// segment, leased, locked elsewhere ('busy'), without a cursor row, of a
+/// gated queue; with the budget ending inside it or going on to the next
+/// candidate, the partition cap, autoAck and a held segment. A plain first
+/// candidate costs one statement; the second candidate, when the budget
+/// reaches it, goes through `pop_list_v2`.
+#[tokio::test]
+async fn the_one_statement_claim_answers_what_the_per_partition_list_answers() {
+    let b = Broker::start().await;
+    let (sql, id) = claim_fixture(&b, &[3, 4, 5, 6, 7]).await;
+    let ids = |names: &[&str]| -> Vec<i64> { names.iter().map(|n| id[*n]).collect() };
+    let lists = [ids(&["p0", "p4"]), ids(&["p1", "p4"]), ids(&["p2", "p4"]), ids(&["p3", "p4"]), ids(&["late", "p4"]), ids(&["g0", "p4"]), ids(&["p2"])];
+    let scenarios = [(1, 0, false), (1, 0, true), (3, 0, false), (6, 0, false), (8, 0, false), (8, 1, false), (100, 0, true), (100, 2, false)];
+    let mut claimed_first = 0;
+    for pids in &lists {
+        // p0's and p2's head segments start at offset 0: held, and not.
+        for held in [None, Some(0)] {
+            let cached: Vec<Option<i64>> = std::iter::once(held).chain(std::iter::repeat(None)).take(pids.len()).collect();
+            for scenario in scenarios {
+                let each = listed_claim_and_roll_back(&sql, "pop_list_v2", pids, &cached, scenario).await;
+                let one = listed_claim_and_roll_back(&sql, "pop_list_v3", pids, &cached, scenario).await;
+                assert_eq!(one, each, "candidates {pids:?}, held {held:?}, (budget, cap, autoAck) = {scenario:?}");
+                claimed_first += usize::from(one.0.iter().any(|r| r.starts_with(&format!("{} ", pids[0])) && r.contains(" claimed ")));
+            }
+        }
+    }
+    assert!(claimed_first >= 3 * 2 * scenarios.len(), "p0, p1 and p2 claimed first every time: {claimed_first}");
+    let (p2_past_head, _) = listed_claim_and_roll_back(&sql, "pop_list_v3", &ids(&["p2"]), &[Some(0)], (100, 0, false)).await;
+    assert_eq!(p2_past_head.len(), 3, "p2's two segments, the first held, then the claim: {p2_past_head:#?}");
+    assert!(p2_past_head[0].contains(" held ") && !p2_past_head[1].contains(" held "), "{p2_past_head:#?}");
+
+    // What each claim called (per-transaction function statistics).
+    let counted = b.sql().await;
+    let called = |pids: Vec<i64>, budget: i32| {
+        let counted = &counted;
+        async move {
+            counted.batch_execute("SET track_functions = 'pl'; BEGIN").await.unwrap();
+            let cached = vec![None::<i64>; pids.len()];
+            counted
+                .query("SELECT * FROM queen.pop_list_v3($1, $2, 'g', 'me', 30, false, $3, 0, NULL, NULL)", &[&pids, &cached, &budget])
+                .await
+                .unwrap();
+            let rows = counted.query("SELECT funcname::text FROM pg_stat_xact_user_functions ORDER BY 1", &[]).await.unwrap();
+            counted.batch_execute("ROLLBACK; RESET track_functions").await.unwrap();
+            rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(called(ids(&["p0", "p4"]), 1).await, ["pop_list_v3"], "a plain first candidate: one statement");
+    assert_eq!(called(ids(&["p0", "p4"]), 5).await, ["pop_list_v2", "pop_list_v3"], "budget left: on to p4");
+    assert_eq!(called(ids(&["p3", "p4"]), 1).await, ["pop_list_v2", "pop_list_v3"], "leased first: the list says busy");
+
+    // p0's cursor row locked by another transaction: 'busy', then p4.
+    let other = common::cluster().connect(&b.db).await;
+    other.batch_execute("BEGIN").await.unwrap();
+    other.execute("SELECT 1 FROM queen.consumers WHERE partition_id = $1 FOR UPDATE", &[&id["p0"]]).await.unwrap();
+    let pids = ids(&["p0", "p4"]);
+    let each = listed_claim_and_roll_back(&sql, "pop_list_v2", &pids, &[None, None], (1, 0, false)).await;
+    let one = listed_claim_and_roll_back(&sql, "pop_list_v3", &pids, &[None, None], (1, 0, false)).await;
+    assert_eq!(one, each);
+    assert!(one.0[0].starts_with(&format!("{}  busy", id["p0"])), "{:#?}", one.0);
+    assert!(one.0.iter().any(|r| r.starts_with(&format!("{} p4 claimed", id["p4"]))), "{:#?}", one.0);
     other.batch_execute("ROLLBACK").await.unwrap();
 }
 

@@ -84,6 +84,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(48, "0048_pops_share_a_claim.sql"),
     migration!(49, "0049_claims_skip_cached_segments.sql"),
     migration!(50, "0050_shared_claims_as_a_set.sql"),
+    migration!(51, "0051_one_partition_claims_in_one_statement.sql"),
 ];
 
 /// The first migration of the development history squashed into the

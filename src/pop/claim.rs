@@ -94,8 +94,10 @@ claim_sql!(LIST_SQL, "SELECT * FROM queen.pop_list_set_v1($1, $2, $3, $4, $5, $6
 // and pop_list_set_v1 would lock every candidate's cursor row to claim one.
 // Both answer the same rows (tests/pop.rs compares them); only the cost differs.
 // (pop_list_v2, 0049: pop_list_v1 told which segment of each candidate the
-// broker holds decompressed, so that one is not shipped: `$10`.)
-claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v2($1, $10, $2, $3, $4, $5, $6, $7, $8, $9)");
+// broker holds decompressed, so that one is not shipped: `$10`. pop_list_v3,
+// 0051: a plain first candidate claimed in one statement, the rest through
+// pop_list_v2.)
+claim_sql!(ONE_SQL, "SELECT * FROM queen.pop_list_v3($1, $10, $2, $3, $4, $5, $6, $7, $8, $9)");
 claim_sql!(WILDCARD_SQL, "SELECT * FROM queen.pop_wildcard_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)");
 claim_sql!(DISCOVER_SQL, "SELECT * FROM queen.pop_discover_v2($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)");
 claim_sql!(SPECIFIC_SQL, "SELECT * FROM queen.pop_specific_v1($1, $2, $3, $4, $5, $6, $7, $8, $9)");
