@@ -16,7 +16,12 @@
 //! (no two slots share a partition), its own parameters and its own lease
 //! id: every slot's first candidate is claimed in one set-based statement,
 //! and a slot with budget left goes on through the per-partition list
-//! (`pop_list_v2`), so each slot gets what that list would give it alone. What a failure means: no permit in time, or no connection while
+//! (`pop_list_v2`), so each slot gets what that list would give it alone. A
+//! pop that finds itself alone sends the per-partition list's own claim
+//! (`claim::claim_candidates`): the shared statement's larger plan costs
+//! more to start than one slot's work.
+//!
+//! What a failure means: no permit in time, or no connection while
 //! PostgreSQL is up, is the pool's busy answer for every pop of the batch,
 //! as it was for each alone; anything else (the statement failed, or
 //! PostgreSQL is gone) sends every pop to claim alone, as before sharing, so
